@@ -1,0 +1,241 @@
+"""The public Python API: ``paradecode.load(name)`` -> ``Model`` with ``generate`` and ``stream``.
+
+    model = paradecode.load("smollm2-135m")
+    out = model.generate("...", method="pld", max_new_tokens=128)
+    out.text, out.token_ids, out.stats
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from paradecode.config import GenerationConfig, SamplingConfig
+from paradecode.drafters.base import Drafter
+from paradecode.engine import decode
+from paradecode.errors import ParadecodeError
+from paradecode.models import DEFAULT_MODEL, resolve
+from paradecode.registry import get_method
+from paradecode.stats import DecodeStats
+
+BACKENDS = ("auto", "llama", "hf")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens only (the prompt is in prompt_token_ids)
+    stats: DecodeStats
+    prompt_token_ids: list[int]
+
+    def to_dict(self, with_steps: bool = False) -> dict:
+        return dict(text=self.text, token_ids=self.token_ids, stats=self.stats.to_dict(with_steps=with_steps))
+
+
+def load(
+    model: str = DEFAULT_MODEL,
+    *,
+    backend: str = "auto",
+    max_length: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> "Model":
+    """Load a built-in model name, a ``.gguf`` path or a local Hugging Face model directory."""
+    from transformers import AutoTokenizer
+
+    if backend not in BACKENDS:
+        raise ParadecodeError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
+    model_dir, chat = resolve(model, cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        runner = _make_backend(model_dir, backend, max_length)
+    except ParadecodeError:
+        raise
+    except Exception as error:
+        raise ParadecodeError(
+            f"could not load model {model!r} from {model_dir}: {type(error).__name__}: {error}"
+        ) from None
+    return Model(runner, tokenizer, name=model, model_dir=model_dir, chat=chat and bool(tokenizer.chat_template),
+                 cache_dir=cache_dir)
+
+
+def _make_backend(model_dir: Path, backend: str, max_length: int | None):
+    config = json.loads((model_dir / "config.json").read_text())
+    if backend == "auto":
+        backend = "llama" if config.get("model_type") == "llama" else "hf"
+    if backend == "llama":
+        from paradecode.backends.llama import LlamaBackend
+
+        if config.get("model_type") != "llama":
+            raise ParadecodeError(
+                f"the llama backend runs Llama-family models only; this one is {config.get('model_type')!r}: "
+                "use --backend hf."
+            )
+        return LlamaBackend.from_pretrained(model_dir, max_length=max_length)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from paradecode.backends.hf import HFBackend
+
+    return HFBackend(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), max_length=max_length)
+
+
+class Model:
+    """A loaded target model: tokenizer + backend, and the decoding methods that run on it."""
+
+    def __init__(self, backend, tokenizer, *, name: str, model_dir: Path, chat: bool, cache_dir=None) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.name = name
+        self.model_dir = Path(model_dir)
+        self.chat = chat
+        self.cache_dir = cache_dir
+        self.eos_ids = _eos_ids(tokenizer, self.model_dir)
+        self._draft_backends: dict[str, Any] = {}
+        self._hf_model = None
+
+    # -- text <-> tokens -------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int], chat: bool | None = None) -> list[int]:
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if not prompt.strip():
+            raise ParadecodeError("the prompt is empty: give some text to continue or a question to answer.")
+        if self.chat if chat is None else chat:
+            if not self.tokenizer.chat_template:
+                raise ParadecodeError(f"model {self.name!r} has no chat template: run it without chat (--raw).")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return [int(t) for t in ids]
+        return [int(t) for t in self.tokenizer.encode(prompt)]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # -- methods ---------------------------------------------------------------------------------------
+    def drafter(self, method: str, options: dict[str, Any] | None = None) -> Drafter:
+        return get_method(method).create(options or {}, context=self)
+
+    def load_draft_backend(self, model: str):
+        """Backend of a draft model with the same tokenizer (called by the ``draft`` method)."""
+        if model not in self._draft_backends:
+            draft = load(model, cache_dir=self.cache_dir, max_length=self.backend.max_length)
+            if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+                raise ParadecodeError(
+                    f"draft model {model!r} uses a different tokenizer from target {self.name!r}; speculative "
+                    "decoding needs both to share one vocabulary. Pick a draft model of the same family."
+                )
+            self._draft_backends[model] = draft.backend
+        return self._draft_backends[model]
+
+    # -- generation ------------------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
+        """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments."""
+        run = self._start(prompt, **kwargs)
+        output: list[int] = []
+        for new_tokens in run.steps:
+            output.extend(new_tokens)
+        return GenerationResult(self._final_text(output, run.config), output, run.stats, run.prompt_ids)
+
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> "TextStream":
+        """Iterate over text deltas as steps commit tokens; ``.result`` holds the full result afterwards.
+        Arguments: method, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, options, draft_model."""
+        return TextStream(self, self._start(prompt, **kwargs))
+
+    def _start(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        method: str = "ar",
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        chat: bool | None = None,
+        options: dict[str, Any] | None = None,
+        draft_model: str | None = None,
+    ) -> "_Run":
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+            stop=tuple([stop] if isinstance(stop, str) else stop),
+        )
+        options = dict(options or {})
+        if draft_model is not None:
+            options["draft_model"] = draft_model
+        drafter = self.drafter(method, options)
+        if not config.sampling.greedy and not drafter.lossless_sampling:
+            raise ParadecodeError(
+                f"method {method!r} cannot sample exactly from the model's distribution; use temperature 0 "
+                "(greedy) with it, or another method for sampling."
+            )
+        prompt_ids = self.encode(prompt, chat)
+        stats = DecodeStats(method=method)
+        steps = decode(self.backend, drafter, prompt_ids, config, eos_ids=self.eos_ids, text_of=self.decode,
+                       stats=stats)
+        return _Run(config, prompt_ids, stats, steps)
+
+    def _final_text(self, output: list[int], config: GenerationConfig) -> str:
+        text = self.decode(output)
+        cuts = [text.find(s) for s in config.stop if s in text]
+        return text[: min(cuts)] if cuts else text
+
+    # -- peers for the benchmark -----------------------------------------------------------------------
+    @property
+    def hf_model(self):
+        """The same weights as a transformers model (for ``generate()`` baselines)."""
+        if self._hf_model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._hf_model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        return self._hf_model
+
+
+class TextStream:
+    """Text deltas of a running generation. Text that could be the start of a stop string, or an incomplete
+    UTF-8 character, is held back until the next step resolves it."""
+
+    def __init__(self, model: Model, run: "_Run") -> None:
+        self.model, self.run = model, run
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        output: list[int] = []
+        sent = 0
+        hold = max((len(s) for s in self.run.config.stop), default=1) - 1
+        for new_tokens in self.run.steps:
+            output.extend(new_tokens)
+            text = self.model.decode(output)
+            ready = len(text.rstrip("\ufffd")) - hold
+            if ready > sent:
+                yield text[sent:ready]
+                sent = ready
+        text = self.model._final_text(output, self.run.config)
+        if len(text) > sent:
+            yield text[sent:]
+        self.result = GenerationResult(text, output, self.run.stats, self.run.prompt_ids)
+
+
+@dataclass
+class _Run:
+    config: GenerationConfig
+    prompt_ids: list[int]
+    stats: DecodeStats
+    steps: Iterator[list[int]]
+
+
+def _eos_ids(tokenizer, model_dir: Path) -> frozenset[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for name in ("generation_config.json", "config.json"):
+        path = model_dir / name
+        if path.is_file():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return frozenset(int(i) for i in ids)

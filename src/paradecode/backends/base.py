@@ -1,0 +1,85 @@
+"""The backend protocol: the only code that runs a model.
+
+A backend owns a KV cache holding the keys/values of ``cache_len`` tokens. ``forward`` appends T new tokens at
+given positions, each attending to the cache and to the new tokens its mask allows, so a chain or a whole tree
+of drafts is scored in one pass. After verification the engine keeps one path with ``commit`` (or drops the
+tail with ``rollback``).
+
+Masks are boolean, ``True`` = may attend. A forward over T new tokens with ``cache_len`` C takes a mask of shape
+``[T, C + T]``; ``None`` means ordinary causal attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [T, vocab] float32
+    hidden: torch.Tensor | None = None  # [T, hidden] last hidden state (before the LM head), when asked
+
+
+class Backend(Protocol):
+    vocab_size: int
+    max_length: int  # most tokens the cache (and the model's context) can hold
+    supports_tree: bool  # False: only causal masks, drafters must propose chains
+    num_layers: int
+
+    @property
+    def cache_len(self) -> int: ...
+
+    def reset(self) -> None:
+        """Empty the cache (start a new request)."""
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor | None = None,  # [T] int64; None: cache_len .. cache_len+T-1
+        mask: torch.Tensor | None = None,  # [T, cache_len+T] bool; None: causal
+        *,
+        return_hidden: bool = False,
+        exit_layer: int | None = None,  # run only the first `exit_layer` layers, then norm + LM head
+    ) -> ForwardOutput: ...
+
+    def rollback(self, length: int) -> None:
+        """Forget everything after the first ``length`` cached tokens."""
+
+    def commit(self, start: int, keep: Sequence[int]) -> None:
+        """Keep cache entries ``start + i`` for i in ``keep`` (ascending), moved to ``start, start+1, ...``;
+        drop every other entry after ``start``."""
+
+
+def causal_mask(cache_len: int, t: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[T, cache_len + T] mask: every new token sees the cache and the new tokens up to itself."""
+    mask = torch.ones(t, cache_len + t, dtype=torch.bool, device=device)
+    mask[:, cache_len:] = torch.tril(mask[:, cache_len:])
+    return mask
+
+
+def tree_mask(parents: Sequence[int], cache_len: int) -> torch.Tensor:
+    """[T, cache_len + T] mask for new tokens that form a forest: ``parents[i]`` is the index of node i's
+    parent among the new tokens (< i), or -1 when its parent is the last cached token. Each node sees the
+    whole cache, its ancestors and itself."""
+    t = len(parents)
+    local = torch.zeros(t, t, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= i:
+            raise ValueError(f"tree node {i} has parent {parent}; parents must come first")
+        local[i, i] = True
+        if parent >= 0:
+            local[i] |= local[parent]
+    mask = torch.ones(t, cache_len + t, dtype=torch.bool)
+    mask[:, cache_len:] = local
+    return mask
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node (1 for children of the cached root)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths

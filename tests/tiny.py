@@ -1,0 +1,70 @@
+"""Tiny randomly initialised models for fast, exact tests (no downloads, a few ms per forward)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import transformers
+
+from paradecode.backends.llama import LlamaBackend
+from paradecode.config import GenerationConfig, SamplingConfig
+from paradecode.engine import decode
+from paradecode.registry import get_method
+from paradecode.stats import DecodeStats
+
+
+def tiny_llama(seed: int = 0, vocab: int = 48, layers: int = 2, sharp: float = 1.0) -> transformers.LlamaForCausalLM:
+    """A random Llama; ``sharp`` scales the LM head so argmax choices are robust (and text repeats more)."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharp)
+    return model
+
+
+def tiny_backend(seed: int = 0, **kwargs) -> LlamaBackend:
+    return LlamaBackend.from_hf(tiny_llama(seed, **kwargs))
+
+
+def text_of(ids: list[int]) -> str:
+    """A stand-in detokenizer: token t prints as 'tN '."""
+    return "".join(f"t{t} " for t in ids)
+
+
+def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eos_ids=(), stop=(),
+        temperature: float = 0.0, seed: int = 0, draft_backend=None, **options) -> tuple[list[int], DecodeStats]:
+    """Decode with a registered method straight through the engine; returns (output ids, stats)."""
+    context = SimpleNamespace(load_draft_backend=lambda name: draft_backend)
+    if draft_backend is not None:
+        options.setdefault("draft_model", "tiny")
+    drafter = get_method(method).create(options, context=context)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, stop=tuple(stop),
+                              sampling=SamplingConfig(temperature=temperature, seed=seed))
+    stats = DecodeStats(method=method)
+    output = [t for step in decode(backend, drafter, prompt, config, eos_ids=frozenset(eos_ids),
+                                   text_of=text_of, stats=stats) for t in step]
+    return output, stats
+
+
+WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(46)]
+
+
+def tiny_model_dir(path, seed: int = 0, words: list[str] = WORDS, max_positions: int = 256):
+    """A tiny random Llama saved as a Hugging Face model directory, with a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>")
+    model = tiny_llama(seed, vocab=len(words), sharp=4.0)
+    model.config.max_position_embeddings = max_positions
+    model.config.eos_token_id = 1
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path

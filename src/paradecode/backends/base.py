@@ -43,6 +43,7 @@ class Backend(Protocol):
         *,
         return_hidden: bool = False,
         exit_layer: int | None = None,  # run only the first `exit_layer` layers, then norm + LM head
+        layers: Sequence[int] | None = None,  # or run only these layers (ascending), then norm + LM head
     ) -> ForwardOutput: ...
 
     def rollback(self, length: int) -> None:

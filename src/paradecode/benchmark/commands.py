@@ -1,0 +1,168 @@
+"""The ``paradecode bench`` and ``paradecode trace`` commands (added to the CLI by ``add_commands``).
+
+    paradecode bench --methods ar,pld,hf,hf-pld --per-category 1 --max-new-tokens 128 --out results/
+    paradecode trace --method pld "Write a Python function that ..." --out trace.html
+
+Both validate their arguments before loading a model and raise ``ParadecodeError`` for user mistakes (the CLI
+prints the message and exits 2). An interrupted bench still writes results.json and report.md for the runs
+that finished; the CLI then exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from paradecode.errors import ParadecodeError
+
+
+def add_commands(commands) -> None:
+    from paradecode.benchmark.runner import DEFAULT_METHODS
+    from paradecode.cli import add_decoding_arguments, add_model_arguments
+    from paradecode.models import DEFAULT_MODEL
+
+    bench = commands.add_parser(
+        "bench", help="benchmark methods and peers on Spec-Bench-format questions",
+        description="Run every method on every selected question in one process (warm-up first, methods "
+                    "interleaved per question) and write results.json, report.md, plots and Spec-Bench answer files.")
+    add_model_arguments(bench, DEFAULT_MODEL)
+    bench.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                       help="comma-separated paradecode methods (see `paradecode methods`) and peers (hf, hf-pld, "
+                            f"hf-draft, llamacpp), or 'all' (default: {','.join(DEFAULT_METHODS)})")
+    bench.add_argument("--questions", help="Spec-Bench-format .jsonl (question_id, category, turns); default: "
+                                           "../shared/data/specbench/question.jsonl when present")
+    bench.add_argument("--per-category", default="1", help="questions per category, or 'all' (default: 1)")
+    bench.add_argument("--categories", help="comma-separated categories to keep (default: all)")
+    bench.add_argument("--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)")
+    bench.add_argument("--turns", choices=("first", "all"), default="first",
+                       help="first turn only (default), or every turn with the model's own answers in context")
+    bench.add_argument("--opt", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                       help="method option, e.g. --opt pld.num_draft=4 (repeatable)")
+    bench.add_argument("--draft-model", help="draft model for 'draft' and 'hf-draft' (name, .gguf or directory)")
+    bench.add_argument("--out", default="results", help="output folder (default: results)")
+    bench.add_argument("--resume", action="store_true", help="continue the run logged in --out")
+    bench.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the untimed warm-up (default: 8)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(run=run_bench)
+
+    trace = commands.add_parser(
+        "trace", help="write an HTML view of every decoding step",
+        description="Generate with a method and write a self-contained HTML file showing, step by step, what was "
+                    "drafted, accepted and rejected, and which step committed each token.")
+    trace.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or '-'")
+    add_model_arguments(trace, DEFAULT_MODEL)
+    add_decoding_arguments(trace)
+    trace.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
+    trace.add_argument("--out", default="trace.html", help="HTML file to write (default: trace.html)")
+    trace.set_defaults(run=run_trace)
+
+
+def load_model(args: argparse.Namespace):
+    import paradecode
+
+    return paradecode.load(args.model, backend=args.backend, cache_dir=args.cache_dir)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from paradecode.benchmark import outputs, questions as qs, runner
+
+    names = runner.all_methods(args.draft_model) if args.methods.strip() == "all" else args.methods.split(",")
+    specs = runner.plan_methods(names, args.opt, args.draft_model)
+    if args.max_new_tokens < 1:
+        raise ParadecodeError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}.")
+    if args.warmup_tokens < 1:
+        raise ParadecodeError(f"--warmup-tokens must be a positive integer, got {args.warmup_tokens}.")
+    path = Path(args.questions) if args.questions else qs.default_questions_path()
+    if path is None:
+        raise ParadecodeError(f"no questions file: pass --questions FILE.jsonl (Spec-Bench format; the default "
+                              f"{qs.DEFAULT_QUESTIONS} does not exist here).")
+    per_category = qs.parse_per_category(args.per_category)
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    selected = qs.select(qs.load_questions(path), per_category, categories)
+    turns = 1 if args.turns == "first" else max(len(q.turns) for q in selected)
+    settings = dict(model=args.model, backend=args.backend, max_new_tokens=args.max_new_tokens, turns=args.turns,
+                    draft_model=args.draft_model, options={s.name: s.options for s in specs if s.options})
+    out_dir = Path(args.out)
+    runner.start_log(out_dir, settings, args.resume)
+
+    wanted = {q.question_id for q in selected}
+    context = dict(
+        methods=[s.name for s in specs], skipped={}, settings=settings, total=len(selected) * len(specs),
+        questions=dict(path=str(path.resolve()), per_category=per_category, categories=categories,
+                       selected=len(selected)),
+        model_info=dict(name=args.model),
+    )
+
+    def logged() -> list[dict]:  # this run's records (methods and questions), from the log
+        return [r for r in runner.read_records(out_dir)
+                if r["method"] in context["methods"] and r["question_id"] in wanted]
+
+    try:
+        model = load_model(args)
+        context["model_info"] = dict(name=model.name, model_dir=str(model.model_dir),
+                                     backend=type(model.backend).__name__, chat=model.chat,
+                                     max_length=getattr(model.backend, "max_length", None))
+        contenders = []
+        for spec in specs:
+            reason = spec.peer.unavailable(model) if spec.peer else None
+            if reason:
+                context["skipped"][spec.name] = reason
+                print(f"paradecode: skipping {spec.name}: {reason}", file=sys.stderr)
+            else:
+                contenders.append(runner.Contender(spec, model, args.draft_model))
+        if not contenders:
+            raise ParadecodeError("none of the requested methods can run here: " +
+                                  "; ".join(f"{m}: {why}" for m, why in context["skipped"].items()) + ".")
+        context.update(methods=[c.name for c in contenders], total=len(selected) * len(contenders))
+        records = runner.run_all(contenders, selected, turns=turns, max_new_tokens=args.max_new_tokens,
+                                 out_dir=out_dir, done=logged(), warmup_tokens=args.warmup_tokens,
+                                 progress=not args.no_progress)
+    except BaseException as error:  # Ctrl-C (or a failure) mid-run: leave a valid partial results.json + report
+        records = logged()
+        if isinstance(error, KeyboardInterrupt) or records:
+            outputs.write_outputs(outputs.assemble(records, complete=False, **context), out_dir)
+            print(f"paradecode: wrote partial results for {len(records)} of {context['total']} runs to "
+                  f"{out_dir / 'results.json'} and {out_dir / 'report.md'}; continue with --resume", file=sys.stderr)
+        raise
+    results = outputs.assemble(records, complete=True, **context)
+    outputs.write_outputs(results, out_dir)
+    print(f"paradecode: wrote {out_dir / 'report.md'} and {out_dir / 'results.json'}", file=sys.stderr)
+    print(_overall_lines(results))
+    return 0
+
+
+def _overall_lines(results: dict) -> str:
+    """The report's overall table, for the terminal."""
+    from paradecode.benchmark.report import render_report
+
+    text = render_report(results)
+    start = text.index("## Overall")
+    end = text.find("\n## ", start + 1)
+    return text[start: end if end > 0 else None].strip()
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from paradecode.cli import method_options, read_prompt
+    from paradecode.config import SamplingConfig
+    from paradecode.trace import render_trace, trace_payload
+
+    options = method_options(args)
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)  # fail fast on bad sampling values
+    if args.max_new_tokens < 1:
+        raise ParadecodeError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}.")
+    prompt = read_prompt(args.prompt)
+    out = Path(args.out)
+    if out.is_dir():
+        raise ParadecodeError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'trace.html'}.")
+    model = load_model(args)
+    result = model.generate(prompt, method=args.method, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                            stop=args.stop, chat=not args.raw, options=options)
+    payload = trace_payload(model, result, method=args.method, options=options, prompt=prompt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_trace(payload), encoding="utf-8")
+    s = result.stats
+    print(f"paradecode: wrote {out}: {s.new_tokens} tokens in {len(s.steps)} steps, "
+          f"{s.mean_accepted:.2f} tokens/forward", file=sys.stderr)
+    return 0

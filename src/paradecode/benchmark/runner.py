@@ -1,0 +1,253 @@
+"""Running the benchmark: one process, warm-up first, methods interleaved per question, a record per run.
+
+Every requested name is either a registered paradecode method or a peer (``peers.PEERS``); both become a
+``Contender`` with ``prepare`` and ``generate(prompt_ids, max_new_tokens) -> turn``. Each finished
+(method, question) record is appended to ``records.jsonl`` at once, so an interrupted run loses at most the
+record in flight and ``--resume`` continues from the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from paradecode.backends.base import tree_depths
+from paradecode.benchmark.peers import PEERS, Peer
+from paradecode.benchmark.questions import Question
+from paradecode.drafters.base import build_options
+from paradecode.errors import ParadecodeError
+from paradecode.registry import get_method, method_names, parse_options
+
+RECORDS = "records.jsonl"
+SETTINGS = "settings.json"
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    peer: type[Peer] | None  # None: a registered paradecode method
+    options: dict[str, Any]  # raw values, validated against the method's Options
+
+
+def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | None) -> list[MethodSpec]:
+    """Validate method names and ``--opt METHOD.key=value`` options before any model is loaded."""
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise ParadecodeError("no methods given: pass --methods ar,pld,... (see `paradecode methods`).")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ParadecodeError(f"method {', '.join(duplicates)} is listed twice in --methods.")
+    registered = method_names()
+    by_method: dict[str, list[str]] = {}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        method, dot, option = key.partition(".")
+        if not sep or not dot or not option:
+            raise ParadecodeError(f"bench options take the form METHOD.key=value (e.g. pld.num_draft=4), got {opt!r}.")
+        if method.strip() not in names:
+            raise ParadecodeError(f"--opt {opt!r} is for method {method!r}, which is not in --methods.")
+        by_method.setdefault(method.strip(), []).append(f"{option}={value}")
+    specs = []
+    for name in names:
+        if name in registered:
+            cls, peer = get_method(name), None
+        elif name in PEERS:
+            cls = peer = PEERS[name]
+            if peer.requirement(draft_model):
+                raise ParadecodeError(peer.requirement(draft_model))
+        else:
+            raise ParadecodeError(
+                f"unknown method {name!r}; paradecode methods: {', '.join(registered)}; "
+                f"peers: {', '.join(sorted(PEERS))}."
+            )
+        options = parse_options(by_method.get(name, []))
+        if draft_model and dataclasses.is_dataclass(cls.Options) and "draft_model" in {
+            f.name for f in dataclasses.fields(cls.Options)
+        }:
+            options.setdefault("draft_model", draft_model)
+        build_options(cls, options)  # raises a ParadecodeError for a bad option
+        specs.append(MethodSpec(name, peer, options))
+    return specs
+
+
+DEFAULT_METHODS = ("ar", "pld", "hf", "hf-pld")  # quick: plain decoding, prompt lookup, and transformers' both
+
+
+def all_methods(draft_model: str | None) -> list[str]:
+    """``--methods all``: every registered method that runs with the given options, then every peer whose
+    requirements are met (a peer unavailable on this machine is skipped later, with a note)."""
+    names = []
+    for name in method_names():
+        try:
+            plan_methods([name], [], draft_model)
+        except ParadecodeError:
+            continue  # needs something not given (e.g. a draft model)
+        names.append(name)
+    return names + [p for p, cls in PEERS.items() if cls.requirement(draft_model) is None and p not in names]
+
+
+class Contender:
+    """One method ready to run on a loaded model."""
+
+    def __init__(self, spec: MethodSpec, model: Any, draft_model: str | None) -> None:
+        self.name, self.model = spec.name, model
+        self.options = spec.options
+        self.peer = spec.peer(build_options(spec.peer, spec.options), model, draft_model) if spec.peer else None
+
+    def prepare(self) -> None:
+        if self.peer:
+            self.peer.prepare()
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> dict:
+        start = time.perf_counter()
+        if self.peer:
+            run = self.peer.generate(prompt_ids, max_new_tokens)
+            wall = time.perf_counter() - start
+            return dict(prompt_tokens=len(prompt_ids), token_ids=run.token_ids, new_tokens=len(run.token_ids),
+                        text=self.model.decode(run.token_ids), wall_time_s=wall, forward_passes=run.forward_passes,
+                        draft_forward_passes=run.draft_forward_passes, draft_lengths=run.draft_lengths,
+                        accepted_lengths=run.accepted_lengths, accepted_per_step=run.accepted_per_step,
+                        stop_reason=_peer_stop(run.token_ids, max_new_tokens, self.model.eos_ids), stats=None,
+                        info=run.info)
+        result = self.model.generate(prompt_ids, method=self.name, max_new_tokens=max_new_tokens,
+                                     options=dict(self.options))
+        wall = time.perf_counter() - start
+        stats = result.stats
+        return dict(prompt_tokens=len(prompt_ids), token_ids=result.token_ids, new_tokens=len(result.token_ids),
+                    text=result.text, wall_time_s=wall, forward_passes=stats.forward_passes,
+                    draft_forward_passes=stats.draft_forward_passes,
+                    draft_lengths=[draft_depth(s.drafted, s.parents) for s in stats.steps],
+                    accepted_lengths=[s.accepted_len for s in stats.steps],
+                    accepted_per_step=stats.accepted_per_step, stop_reason=stats.stop_reason,
+                    stats=stats.to_dict(with_steps=False), info=None)
+
+
+def _peer_stop(tokens: list[int], max_new_tokens: int, eos_ids) -> str | None:
+    if tokens and tokens[-1] in eos_ids:
+        return "eos"
+    return "max_new_tokens" if len(tokens) >= max_new_tokens else None
+
+
+def draft_depth(drafted: list[int], parents: list[int] | None) -> int:
+    """How many positions deep a proposal reaches: its length for a chain, its depth for a tree."""
+    if parents is None:
+        return len(drafted)
+    return max(tree_depths(parents), default=0)
+
+
+def build_prompt(model: Any, user_turns: list[str], answers: list[str]) -> list[int]:
+    """Token ids of a conversation: user turns with the model's own answers between them, ready for the
+    next answer. Chat models get their chat template; others the turns joined by blank lines."""
+    if not model.chat:
+        parts = [p for pair in zip(user_turns, answers + [""]) for p in pair if p]
+        return model.encode("\n\n".join(parts), chat=False)
+    messages = []
+    for i, turn in enumerate(user_turns):
+        messages.append({"role": "user", "content": turn})
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    return [int(t) for t in ids]
+
+
+def run_question(contender: Contender, question: Question, turns: int, max_new_tokens: int) -> dict:
+    """One (method, question) record: its first ``turns`` turns, each answered in the context of the last."""
+    record = dict(method=contender.name, question_id=question.question_id, category=question.category,
+                  turns=[], error=None)
+    answers: list[str] = []
+    try:
+        for user_turns in (list(question.turns[: i + 1]) for i in range(min(turns, len(question.turns)))):
+            turn = contender.generate(build_prompt(contender.model, user_turns, answers), max_new_tokens)
+            record["turns"].append(turn)
+            answers.append(turn["text"])
+    except ParadecodeError as error:  # e.g. a prompt longer than the context: recorded, the run goes on
+        record["error"] = str(error)
+    record["tstamp"] = time.time()
+    return record
+
+
+def read_records(out_dir: Path) -> list[dict]:
+    """Records logged so far; a torn last line (the process died mid-write) is ignored."""
+    path = out_dir / RECORDS
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def start_log(out_dir: Path, settings: dict, resume: bool) -> None:
+    """Prepare ``out_dir`` for a run; with ``resume``, first check the logged run had the same settings."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings_path, log_path = out_dir / SETTINGS, out_dir / RECORDS
+    if resume and settings_path.is_file():
+        before = json.loads(settings_path.read_text())
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        if changed:
+            raise ParadecodeError(
+                f"--resume: {out_dir} holds a run with other settings ({', '.join(changed)} differ). "
+                "Resume with the same model, token limit, turns and options, or write to a new --out folder."
+            )
+        # rewrite the log without a torn last line, so the next record starts on a line of its own
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in read_records(out_dir)), encoding="utf-8")
+        return
+    if resume and log_path.is_file() and log_path.stat().st_size:
+        raise ParadecodeError(f"--resume: {out_dir} has {RECORDS} but no {SETTINGS}, so its settings are unknown; "
+                              "start a new run in another --out folder.")
+    if log_path.is_file() and log_path.stat().st_size:
+        print(f"paradecode: starting over in {out_dir} (pass --resume to continue the run logged there)",
+              file=sys.stderr)
+    settings_path.write_text(json.dumps(settings, indent=1))
+    log_path.write_text("")
+
+
+def run_all(
+    contenders: list[Contender],
+    questions: list[Question],
+    *,
+    turns: int,
+    max_new_tokens: int,
+    out_dir: Path,
+    done: list[dict],
+    warmup_tokens: int = 8,
+    progress: bool = True,
+) -> list[dict]:
+    """Warm up every method, then run the (question, method) pairs not in ``done``, interleaved per question.
+    Returns every record, old and new; a KeyboardInterrupt propagates after the finished ones are logged."""
+    from tqdm import tqdm
+
+    records = list(done)
+    finished = {(r["method"], r["question_id"]) for r in done}
+    todo = [(q, c) for q in questions for c in contenders if (c.name, q.question_id) not in finished]
+    if not todo:
+        return records
+    warm_prompt = build_prompt(contenders[0].model, [questions[0].turns[0]], [])
+    for contender in contenders:
+        contender.prepare()
+        try:
+            contender.generate(warm_prompt, warmup_tokens)  # untimed: first-call costs stay out of the figures
+        except ParadecodeError:
+            pass  # the same error will be recorded with the question it concerns
+    bar = tqdm(total=len(todo), file=sys.stderr, unit="run", disable=not progress, dynamic_ncols=True)
+    try:
+        with (out_dir / RECORDS).open("a", encoding="utf-8") as log:
+            for question, contender in todo:
+                bar.set_postfix_str(f"{contender.name} q{question.question_id}", refresh=False)
+                record = run_question(contender, question, turns, max_new_tokens)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                records.append(record)
+                bar.update(1)
+    finally:
+        bar.close()
+    return records

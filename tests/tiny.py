@@ -68,3 +68,23 @@ def tiny_model_dir(path, seed: int = 0, words: list[str] = WORDS, max_positions:
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return path
+
+
+class ChainOnly:
+    """A backend wrapper that verifies chains only (``supports_tree = False``); everything else is the inner one's."""
+
+    supports_tree = False
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def single_thread():
+    """Generator for a module fixture: tiny models run fastest on one thread (and share a busy CPU better)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

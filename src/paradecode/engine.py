@@ -113,19 +113,19 @@ def _fit(proposal: Proposal, max_draft: int, room: int, supports_tree: bool) -> 
     if proposal.parents is not None and not supports_tree:
         raise RuntimeError(f"drafter proposed a tree, but the backend verifies chains only")
     if proposal.parents is None:
-        if n > max_draft:
-            proposal.tokens = proposal.tokens[:max_draft]
-            if proposal.draft_probs is not None:
-                proposal.draft_probs = proposal.draft_probs[:max_draft]
+        keep = list(range(min(n, max_draft)))
     else:
         depths = tree_depths(proposal.parents)
-        keep = [i for i in range(n) if depths[i] <= max_draft]
-        if len(keep) < n:  # parents come first, so a kept node's ancestors are kept too
-            where = {old: new for new, old in enumerate(keep)}
-            proposal.parents = [where.get(proposal.parents[i], -1) for i in keep]
-            proposal.tokens = [proposal.tokens[i] for i in keep]
-            if proposal.draft_probs is not None:
-                proposal.draft_probs = proposal.draft_probs[keep]
+        keep = [i for i in range(n) if depths[i] <= max_draft][:room]  # a wide tree may outgrow the cache
+        where = {old: new for new, old in enumerate(keep)}  # parents come first: ancestors are kept too
+        proposal.parents = [where.get(proposal.parents[i], -1) for i in keep]
+    if len(keep) < n:
+        proposal.tokens = [proposal.tokens[i] for i in keep]
+        if proposal.draft_probs is not None:
+            proposal.draft_probs = proposal.draft_probs[keep]
+        if proposal.extra_mask is not None:  # [E, 1 + N + E]: drop the columns of the cut nodes
+            columns = [0] + [1 + i for i in keep] + list(range(1 + n, proposal.extra_mask.shape[1]))
+            proposal.extra_mask = proposal.extra_mask[:, columns]
     extras = len(proposal.extra_tokens or ())
     if len(proposal.tokens) + extras > room:
         if extras:

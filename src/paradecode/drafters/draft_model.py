@@ -1,6 +1,7 @@
 """Speculative decoding with an independent, smaller draft model (Leviathan et al. 2023; Chen et al. 2023).
 
-The draft model runs on its own backend and proposes ``num_draft`` tokens one at a time: greedily at
+The draft model runs on its own backend and proposes tokens one at a time (how many: the ``schedule``
+option, see ``drafters.schedule``; ``num_draft`` with the default fixed schedule): greedily at
 temperature 0, otherwise sampled from q (its logits under the same temperature / top-k / top-p as the target),
 with q returned so the verifier can run exact speculative sampling. Its KV cache is kept in step with the
 committed text: each step rolls back to the longest prefix it shares with ``state.tokens`` and feeds the rest.
@@ -13,21 +14,24 @@ from dataclasses import dataclass
 import torch
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
+from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import probabilities, sample
 
 
 @dataclass(frozen=True)
 class DraftModelOptions:
     draft_model: str = ""  # built-in name, .gguf path or HF model directory
-    num_draft: int = 4
+    num_draft: int = 4  # tokens per step (fixed), or the first step's (heuristic, cost)
+    schedule: str = "fixed"  # fixed | heuristic | cost: see drafters.schedule
+    max_num_draft: int = 16  # ceiling for the heuristic and cost schedules
 
     def __post_init__(self) -> None:
         if not self.draft_model:
             raise ParadecodeError("method 'draft' needs a draft model: pass --draft-model NAME_OR_PATH.")
-        if self.num_draft < 1:
-            raise ParadecodeError(f"draft option num_draft must be >= 1, got {self.num_draft}.")
+        check_schedule_options("draft", self.schedule, self.num_draft, self.max_num_draft)
 
 
 @register("draft")
@@ -45,9 +49,18 @@ class DraftModelDrafter(Drafter):
     def begin(self, state: DecodeState) -> None:
         self.backend.reset()
         self.cached = []
+        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft)
 
     def propose(self, state: DecodeState) -> Proposal:
-        length = min(self.options.num_draft, state.max_draft, self.backend.max_length - len(state.tokens))
+        proposal = self._draft(state, self.schedule.length())
+        self.schedule.proposed(len(proposal.tokens))
+        return proposal
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        self.schedule.update(len(verdict.accepted))
+
+    def _draft(self, state: DecodeState, length: int) -> Proposal:
+        length = min(length, state.max_draft, self.backend.max_length - len(state.tokens))
         if length <= 0:
             return Proposal()
         shared = _common_prefix(self.cached, state.tokens)

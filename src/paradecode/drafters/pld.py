@@ -2,7 +2,8 @@
 
 Match the last n tokens (largest n first, down to ``min_ngram``) against the prompt and the text generated so
 far, and propose the tokens that followed the most recent earlier occurrence. The n-gram index is updated
-incrementally, so a step costs O(max_ngram) dictionary operations, not a scan of the context.
+incrementally, so a step costs O(max_ngram) dictionary operations, not a scan of the context. How many tokens
+to propose is the ``schedule`` option's call (``drafters.schedule``).
 """
 
 from __future__ import annotations
@@ -10,23 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
+from paradecode.verify.base import Verdict
 
 
 @dataclass(frozen=True)
 class PromptLookupOptions:
     max_ngram: int = 3  # longest suffix to match
     min_ngram: int = 1  # shortest suffix to match
-    num_draft: int = 6  # most tokens to propose per step
+    num_draft: int = 6  # most tokens to propose per step (fixed), or the first step's (heuristic, cost)
+    schedule: str = "cost"  # fixed | heuristic | cost: see drafters.schedule
+    max_num_draft: int = 16  # ceiling for the heuristic and cost schedules
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ParadecodeError(
                 f"pld needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, max_ngram={self.max_ngram}."
             )
-        if self.num_draft < 1:
-            raise ParadecodeError(f"pld option num_draft must be >= 1, got {self.num_draft}.")
+        check_schedule_options("pld", self.schedule, self.num_draft, self.max_num_draft)
 
 
 class NgramIndex:
@@ -60,9 +64,13 @@ class PromptLookupDrafter(Drafter):
 
     def begin(self, state: DecodeState) -> None:
         self.index = NgramIndex(self.options.min_ngram, self.options.max_ngram)
+        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft)
 
     def propose(self, state: DecodeState) -> Proposal:
-        length = min(self.options.num_draft, state.max_draft)
-        if length <= 0:
-            return Proposal()
-        return Proposal(tokens=self.index.continuation(state.tokens, length))
+        length = min(self.schedule.length(), state.max_draft)
+        tokens = self.index.continuation(state.tokens, length) if length > 0 else []
+        self.schedule.proposed(len(tokens))
+        return Proposal(tokens=tokens)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        self.schedule.update(len(verdict.accepted))

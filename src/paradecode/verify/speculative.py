@@ -21,6 +21,7 @@ import torch
 
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import sample, uniform
+from paradecode.verify.tree import verify_tree
 
 
 def verify_speculative(
@@ -33,7 +34,7 @@ def verify_speculative(
     if draft_probs is None:
         return _verify_by_sampling(draft_tokens, parents, target_probs, rng)
     if parents is not None and any(parent != i - 1 for i, parent in enumerate(parents)):
-        raise ValueError("speculative sampling with draft probabilities takes a chain, not a tree")
+        return verify_tree(draft_tokens, parents, draft_probs, target_probs, rng)  # siblings: verify/tree.py
     for i, token in enumerate(draft_tokens):
         p, q = target_probs[i], draft_probs[i]  # [V], [V]
         if uniform(rng) * float(q[token]) < float(p[token]):  # u < p(x)/q(x), without dividing by 0

@@ -1,0 +1,199 @@
+"""Pick the fastest drafter for this request while decoding: a bandit over the registered training-free methods.
+
+Each step ``auto`` hands the step to one candidate drafter (an *arm*) and measures, itself, what the step
+gave: committed tokens and seconds from its ``propose`` to the end of its ``observe`` (drafting, the target's
+forward pass, verification and the arm's bookkeeping; not the caller's time between steps). Its estimate of
+an arm's speed is the ratio of discounted sums, rate = sum(gamma^age * tokens) / sum(gamma^age * seconds), so
+it follows the text as it changes (copying phases favour lookup drafters, free text favours plain decoding).
+A step slower than ``OUTLIER`` times the arm's fastest step so far counts as that long: on a shared CPU a
+preempted step can take 100 times its cost, and one such step must not condemn an arm (the raw totals are
+reported unclipped).
+
+Choice: every arm first gets ``warmup`` steps in turn; after that the arm with the largest
+    rate_a * (1 + exploration * sqrt(ln(sum_b n_b) / n_a))
+where n_a is the arm's discounted step count (UCB1 with a multiplicative, scale-free bonus). With the
+defaults an arm at 3/4 of the best rate is retried about every 40 steps, one at half of it about every 80,
+so staying informed costs a few per cent; the bookkeeping itself is a few float operations a step.
+The warm-up is the larger cost on short requests (one step of each arm, some of them slow).
+
+Candidates: the ``candidates`` option, or every registered method in ``DEFAULT_CANDIDATES`` plus any class
+that declares ``training_free = True``; methods that need a draft model join only when ``draft_model`` is
+given. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a step sees its
+verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it declares
+``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
+Output is exact whatever the choice: every arm is a lossless method verified by the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.errors import ParadecodeError
+from paradecode.registry import get_method, method_names, register
+from paradecode.verify.base import Verdict
+
+DEFAULT_CANDIDATES = ("ar", "pld", "pld-tree", "ngram", "lookahead", "jacobi", "layerskip")
+OUTLIER = 4.0  # a step counts as at most this many times the arm's fastest step (steps vary ~2x in tokens)
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    candidates: str = ""  # comma-separated methods; "": the registered training-free methods
+    draft_model: str = ""  # also try the methods that need a draft model, with this one
+    warmup: int = 1  # steps each candidate gets before the bandit chooses
+    exploration: float = 0.25  # scale of the UCB bonus (0: always the best measured rate)
+    decay: float = 0.98  # per-step discount of old measurements
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1:
+            raise ParadecodeError(f"auto option warmup must be >= 1, got {self.warmup}.")
+        if self.exploration < 0:
+            raise ParadecodeError(f"auto option exploration must be >= 0, got {self.exploration}.")
+        if not 0 < self.decay <= 1:
+            raise ParadecodeError(f"auto option decay must be in (0, 1], got {self.decay}.")
+
+
+@dataclass
+class _Arm:
+    drafter: Drafter
+    needs_resync: bool  # must see every verdict, so it re-begins after steps other arms took
+    steps: int = 0  # raw totals over the request, for the report
+    tokens: int = 0
+    seconds: float = 0.0
+    n: float = 0.0  # discounted totals, for the choice
+    discounted_tokens: float = 0.0
+    discounted_seconds: float = 0.0
+    fastest: float = math.inf  # fastest step so far, in seconds
+    stale: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.discounted_tokens / self.discounted_seconds if self.discounted_seconds > 0 else 0.0
+
+
+@register("auto")
+class AutoDrafter(Drafter):
+    Options = AutoOptions
+
+    def __init__(self, options: AutoOptions, context) -> None:
+        super().__init__(options, context)
+        self.arms: dict[str, _Arm] = {}
+        self.skipped: dict[str, str] = {}  # candidate -> why it is not used
+        for name in _candidate_names(options):
+            cls = get_method(name)
+            takes_draft_model = _takes_draft_model(cls)
+            if takes_draft_model and not options.draft_model:
+                self.skipped[name] = "needs a draft model (auto option draft_model)"
+                continue
+            try:
+                drafter = cls.create({"draft_model": options.draft_model} if takes_draft_model else {}, context)
+            except ParadecodeError as error:
+                self.skipped[name] = str(error)
+                continue
+            resync = not getattr(cls, "observe_optional", False) and cls.observe is not Drafter.observe
+            self.arms[name] = _Arm(drafter, resync)
+        if not self.arms:
+            raise ParadecodeError(f"auto has no candidate to run: {self.skipped}.")
+
+    @property
+    def draft_forward_passes(self) -> int:
+        return sum(getattr(arm.drafter, "draft_forward_passes", 0) for arm in self.arms.values())
+
+    def begin(self, state: DecodeState) -> None:
+        self.active = [name for name, arm in self.arms.items()
+                       if state.sampling.greedy or arm.drafter.lossless_sampling]
+        if not self.active:
+            raise ParadecodeError(f"auto: no candidate samples exactly; candidates were {', '.join(self.arms)}.")
+        for name in self.arms:
+            self.arms[name] = _Arm(self.arms[name].drafter, self.arms[name].needs_resync)
+        for name in self.active:
+            self.arms[name].drafter.begin(state)
+        self.current, self.switches, self.step_start = "", 0, 0.0
+
+    def propose(self, state: DecodeState) -> Proposal:
+        self.step_start = time.perf_counter()
+        name, reason = self._choose()
+        arm = self.arms[name]
+        if arm.stale:
+            arm.drafter.begin(state)
+            arm.stale = False
+        self.switches += bool(self.current) and name != self.current
+        self.current = name
+        proposal = arm.drafter.propose(state)
+        proposal.info = {**(proposal.info or {}), "auto": name, "auto_reason": reason}
+        return proposal
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        chosen = self.arms[self.current]
+        chosen.drafter.observe(state, verdict)
+        seconds = time.perf_counter() - self.step_start
+        tokens = len(verdict.committed_tokens)
+        gamma = self.options.decay
+        for name in self.active:
+            arm = self.arms[name]
+            arm.n *= gamma
+            arm.discounted_tokens *= gamma
+            arm.discounted_seconds *= gamma
+            if arm is not chosen and arm.needs_resync:
+                arm.stale = True
+        chosen.steps += 1
+        chosen.tokens += tokens
+        chosen.seconds += seconds
+        chosen.fastest = min(chosen.fastest, seconds)
+        chosen.n += 1.0
+        chosen.discounted_tokens += tokens
+        chosen.discounted_seconds += min(seconds, OUTLIER * chosen.fastest)
+
+    def _choose(self) -> tuple[str, str]:
+        for name in self.active:
+            if self.arms[name].steps < self.options.warmup:
+                return name, "warmup"
+        arms = [self.arms[name] for name in self.active]
+        log_total = math.log(max(sum(arm.n for arm in arms), 1.0))
+        c = self.options.exploration
+
+        def ucb(name: str) -> float:
+            arm = self.arms[name]
+            return arm.rate * (1.0 + c * math.sqrt(log_total / max(arm.n, 1e-9)))
+
+        best = max(self.active, key=lambda name: self.arms[name].rate)
+        pick = max(self.active, key=ucb)
+        return pick, "best" if pick == best else "explore"
+
+    def summary(self) -> dict:
+        candidates = {}
+        for name in self.active:
+            arm = self.arms[name]
+            candidates[name] = dict(steps=arm.steps, tokens=arm.tokens, time_s=round(arm.seconds, 6),
+                                    tokens_per_s=round(arm.tokens / arm.seconds, 3) if arm.seconds > 0 else 0.0,
+                                    estimate=round(arm.rate, 3))  # the bandit's discounted, clipped rate
+            notes = arm.drafter.summary()
+            if notes:
+                candidates[name]["info"] = notes
+        choice = max(self.active, key=lambda name: self.arms[name].rate)
+        skipped = dict(self.skipped)
+        skipped.update({name: "cannot sample exactly" for name in self.arms if name not in self.active})
+        return {"auto": dict(choice=choice, switches=self.switches, candidates=candidates, skipped=skipped)}
+
+
+def _candidate_names(options: AutoOptions) -> list[str]:
+    registered = method_names()
+    if options.candidates:
+        names = [name.strip() for name in options.candidates.split(",") if name.strip()]
+        for name in names:
+            get_method(name)  # a clear error for an unknown name
+        if "auto" in names:
+            raise ParadecodeError("auto cannot be its own candidate.")
+        return list(dict.fromkeys(names))
+    names = [name for name in DEFAULT_CANDIDATES if name in registered]
+    names += [name for name in registered if getattr(get_method(name), "training_free", False) and name not in names]
+    names += [name for name in registered if name not in names and _takes_draft_model(get_method(name))]
+    return [name for name in names if name != "auto"]  # draft-model methods are skipped without draft_model
+
+
+def _takes_draft_model(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls.Options) and "draft_model" in {f.name for f in dataclasses.fields(cls.Options)}

@@ -1,0 +1,191 @@
+"""Speculative decoding with a token tree grown by a draft model (SpecInfer, Miao et al. 2024; EAGLE-2, Li et al.
+2024): the draft's most likely branches, expanded best-first under a node budget.
+
+Every node the draft model has run on offers up to ``branching`` children, its k-th child scored by the path's
+log-probability plus log of the k-th largest draft probability. Each round takes the ``width`` best-scoring
+children of all open nodes, adds them to the tree and runs the draft model once on the new nodes (a tree
+attention mask over the draft's own cache) to open them in turn, until ``budget`` nodes are drafted.
+
+At temperature 0 the k-th child is the draft's k-th most likely token. Under sampling the children of a node
+are drawn from q *without replacement* (child j from q with children 1..j-1 removed, renormalised) and that
+renormalised q_j is reported with the node, which is what ``verify/tree.py``'s recursive rejection sampling
+needs to be exact. A child is added (by rank) before its token is drawn and never pruned afterwards, so the
+tree's shape never depends on a token's own value.
+
+The draft cache is kept in step like ``draft``'s: ``observe`` keeps the accepted path's entries, and
+``propose`` rolls back to the longest prefix shared with the committed text and feeds the rest. When the
+target (or the draft backend) verifies chains only, the same loop grows a chain (branching 1, width 1).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.draft_model import _common_prefix
+from paradecode.drafters.pld_tree import tree_room
+from paradecode.errors import ParadecodeError
+from paradecode.registry import register
+from paradecode.verify.base import Verdict
+from paradecode.verify.sampling import probabilities, sample
+
+
+@dataclass(frozen=True)
+class DraftTreeOptions:
+    draft_model: str = ""  # built-in name, .gguf path or HF model directory
+    budget: int = 12  # most tree nodes per step
+    branching: int = 3  # most children per node (the draft's top k)
+    width: int = 3  # nodes opened per draft forward pass
+    depth: int = 6  # deepest branch
+
+    def __post_init__(self) -> None:
+        if not self.draft_model:
+            raise ParadecodeError("method 'draft-tree' needs a draft model: pass --draft-model NAME_OR_PATH.")
+        for name in ("budget", "branching", "width", "depth"):
+            if getattr(self, name) < 1:
+                raise ParadecodeError(f"draft-tree option {name} must be >= 1, got {getattr(self, name)}.")
+
+
+@dataclass
+class _Open:
+    """A node the draft model has run on: its children are offered by rank."""
+
+    score: float  # log-probability of the path from the root to this node, under the draft
+    log_ranked: list[float]  # log of the node's top `branching` draft probabilities, best first
+    top_tokens: list[int] | None = None  # greedy: the tokens those belong to
+    q: torch.Tensor | None = None  # [V] sampling: the node's q
+    left: torch.Tensor | None = None  # [V] sampling: q with the children drawn so far removed (unnormalised)
+
+
+@register("draft-tree")
+class DraftTreeDrafter(Drafter):
+    Options = DraftTreeOptions
+    observe_optional: ClassVar[bool] = True  # propose re-syncs the draft cache from state.tokens
+
+    def __init__(self, options: DraftTreeOptions, context) -> None:
+        super().__init__(options, context)
+        if context is None:
+            raise ParadecodeError("method 'draft-tree' must be created through a loaded model (paradecode.load).")
+        self.backend = context.load_draft_backend(options.draft_model)
+        self.cached: list[int] = []  # tokens whose keys/values sit in the draft backend's cache, in order
+        self.draft_forward_passes = 0
+        self.slots: dict[int, int] = {}  # tree node -> its cache slot after the committed text
+        self.base = -1  # committed tokens in the draft cache when this step's tree was grown (-1: none)
+
+    def begin(self, state: DecodeState) -> None:
+        self.backend.reset()
+        self.cached, self.slots, self.base = [], {}, -1
+
+    def propose(self, state: DecodeState) -> Proposal:
+        o, draft = self.options, self.backend
+        self.slots, self.base = {}, -1
+        tree = state.supports_tree and getattr(draft, "supports_tree", False)
+        depth_limit = min(o.depth, state.max_draft, draft.max_length - len(state.tokens))
+        if depth_limit <= 0:
+            return Proposal()
+        budget = min(o.budget if tree else depth_limit, tree_room(state))
+        branching, width = (o.branching, o.width) if tree else (1, 1)
+        sampling = state.sampling
+
+        shared = min(_common_prefix(self.cached, state.tokens), len(state.tokens) - 1)  # always feed the root
+        draft.rollback(shared)
+        root_logits = draft.forward(torch.tensor(state.tokens[shared:], dtype=torch.long)).logits[-1]  # [V]
+        self.draft_forward_passes += 1
+        self.cached, self.base = list(state.tokens), len(state.tokens)
+
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        scores: list[float] = []  # draft log-probability of the path from the root to each node
+        q_rows: list[torch.Tensor] = []
+        ancestor_slots: list[list[int]] = []  # cache slots of each node's ancestors (all of them were fed)
+        opened: dict[int, _Open] = {}
+        offers: list[tuple[float, int, int]] = []  # heap of (-priority, parent node, child rank)
+
+        def open_node(node: int, logits: torch.Tensor) -> None:  # logits: [V]
+            score = 0.0 if node < 0 else scores[node]
+            k = min(branching, logits.shape[-1])
+            if sampling.greedy:
+                top = torch.topk(torch.log_softmax(logits.float(), dim=-1), k)
+                opened[node] = _Open(score, top.values.tolist(), top.indices.tolist())
+            else:
+                q = probabilities(logits, sampling)  # [V]
+                top = torch.topk(q, k).values.tolist()
+                opened[node] = _Open(score, [math.log(v) if v > 0 else -math.inf for v in top], q=q, left=q.clone())
+            heapq.heappush(offers, (-(score + opened[node].log_ranked[0]), node, 0))
+
+        open_node(-1, root_logits)
+        while len(tokens) < budget:
+            batch: list[int] = []  # new nodes to open with one draft forward
+            while offers and len(batch) < width and len(tokens) < budget:
+                neg_priority, parent, rank = heapq.heappop(offers)
+                offer = opened[parent]
+                if neg_priority == math.inf or (offer.left is not None and float(offer.left.sum()) <= 0):
+                    continue  # q has no support left
+                if rank + 1 < len(offer.log_ranked):
+                    heapq.heappush(offers, (-(offer.score + offer.log_ranked[rank + 1]), parent, rank + 1))
+                if sampling.greedy:
+                    token, score = offer.top_tokens[rank], -neg_priority
+                else:
+                    q_j = offer.left / offer.left.sum()  # [V] q without the siblings drawn before
+                    token = sample(q_j, state.rng)
+                    offer.left[token] = 0.0
+                    q_rows.append(q_j)
+                    score = offer.score + math.log(float(offer.q[token]))
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(1 if parent < 0 else depths[parent] + 1)
+                scores.append(score)
+                ancestor_slots.append([] if parent < 0 else ancestor_slots[parent] + [self.slots[parent]])
+                if token not in state.eos_ids and depths[node] < depth_limit:
+                    batch.append(node)
+            batch = batch[: draft.max_length - self.base - len(self.slots)]  # what the draft cache still holds
+            if not batch or len(tokens) >= budget:
+                break
+            logits = self._feed(batch, depths, ancestor_slots, tokens, tree)  # [len(batch), V]
+            for row, node in enumerate(batch):
+                open_node(node, logits[row])
+
+        chain = all(parent == i - 1 for i, parent in enumerate(parents))
+        return Proposal(
+            tokens=tokens,
+            parents=None if chain else parents,
+            draft_probs=torch.stack(q_rows) if q_rows else None,
+        )
+
+    def _feed(self, batch: list[int], depths: list[int], ancestor_slots: list[list[int]], tokens: list[int],
+              tree: bool) -> torch.Tensor:
+        """One draft forward over new tree nodes; each sees the committed text, its ancestors and itself."""
+        fed = len(self.slots)
+        ids = torch.tensor([tokens[n] for n in batch], dtype=torch.long)
+        mask = positions = None
+        if tree:
+            positions = torch.tensor([self.base - 1 + depths[n] for n in batch], dtype=torch.long)
+            mask = torch.zeros(len(batch), self.base + fed + len(batch), dtype=torch.bool)  # [T, C + T]
+            mask[:, : self.base] = True
+            for row, node in enumerate(batch):
+                mask[row, [self.base + s for s in ancestor_slots[node]]] = True
+                mask[row, self.base + fed + row] = True
+        logits = self.backend.forward(ids, positions, mask).logits  # [T, V]
+        self.draft_forward_passes += 1
+        for row, node in enumerate(batch):
+            self.slots[node] = fed + row
+        return logits
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Keep the accepted path's cache entries, so the next step feeds only what the draft has not seen."""
+        keep = []
+        for node in verdict.accepted:
+            if node not in self.slots:
+                break
+            keep.append(self.slots[node])
+        if self.base >= 0:  # propose grew a tree this step
+            self.backend.commit(self.base, keep)
+            self.cached = self.cached[: self.base] + verdict.accepted_tokens[: len(keep)]
+        self.slots, self.base = {}, -1

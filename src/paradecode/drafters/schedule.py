@@ -1,0 +1,266 @@
+"""How many tokens to draft next: one small policy shared by every chain drafter (``schedule=`` option).
+
+    fixed      always ``num_draft`` tokens.
+    heuristic  transformers' ``num_assistant_tokens_schedule="heuristic"``: start at ``num_draft``; after a
+               full accept draft 2 more next time, after a rejection 1 fewer (never below 1, never above
+               ``max_num_draft``).
+    cost       draft the k that maximises expected committed tokens per second,
+
+                   k* = argmax_k  (1 + E[accepted(k)]) / (verify(1 + k) + k * draft_per_token)
+
+               where E[accepted(k)] = sum_{j<=k} prod_{i<=j} a_i from an online estimate of a_i, the chance
+               that draft position i is accepted given positions < i were, verify(T) is the time of a step
+               whose forward pass scores T tokens (root + drafts), fitted online as a line in T, and
+               draft_per_token is the drafter's own time per drafted token (a draft model, layer skip).
+               Nothing is calibrated up front: the schedule times its own steps. k = 0 (plain decoding) is a
+               choice too when drafting does not pay; then a one-token probe, after ``FIRST_PROBE`` idle
+               steps and twice as long a wait after each probe that does not change the choice, lets the
+               acceptance estimate recover at a cost that shrinks over time.
+
+A drafter calls ``length()`` at the start of ``propose``, ``proposed(n)`` once it has drafted n tokens, and
+``update(accepted)`` from ``observe``. Time between ``proposed`` and the next ``length`` is the step's verify
+cost (the target forward plus the engine's per-step work); time between ``length`` and ``proposed`` is drafting.
+A drafter that can estimate the chance of each of its own tokens (``ngram``) calls ``candidates()`` instead of
+``length()`` and lets ``best_prefix(chances)`` cut its draft: the cost schedule then weighs those per-token
+chances, which know more than an average over positions, against the same cost curve.
+"""
+
+from __future__ import annotations
+
+import time
+
+from paradecode.errors import ParadecodeError
+
+SCHEDULES = ("fixed", "heuristic", "cost")
+FIRST_PROBE = 8  # cost schedule: idle steps before the first one-token probe (the wait then doubles)
+
+
+def check_schedule_options(method: str, schedule: str, num_draft: int, max_num_draft: int) -> None:
+    """Raise a ParadecodeError for a bad schedule / num_draft / max_num_draft (call from Options)."""
+    if schedule not in SCHEDULES:
+        raise ParadecodeError(f"{method} option schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}.")
+    if num_draft < 1:
+        raise ParadecodeError(f"{method} option num_draft must be >= 1, got {num_draft}.")
+    if max_num_draft < num_draft:
+        raise ParadecodeError(
+            f"{method} needs max_num_draft >= num_draft, got max_num_draft={max_num_draft}, num_draft={num_draft}."
+        )
+
+
+class DraftSchedule:
+    """``fixed``: always ``num_draft`` tokens. Base class of the other schedules."""
+
+    def __init__(self, num_draft: int, max_num_draft: int) -> None:
+        self.num_draft, self.max_num_draft = num_draft, max_num_draft
+        self.drafted = 0  # tokens in the proposal now being verified
+
+    def length(self) -> int:
+        """Draft tokens to propose this step (the drafter still caps it by ``state.max_draft``)."""
+        return self.num_draft
+
+    def candidates(self) -> int:
+        """Like ``length``, for a drafter that will cut its draft with ``best_prefix``."""
+        return self.length()
+
+    def best_prefix(self, chances: list[float]) -> int:
+        """How many tokens of a candidate draft to keep, given the drafter's own estimate of the chance that
+        its first 1, 2, ... tokens are all accepted. Only the cost schedule weighs this against time."""
+        return len(chances)
+
+    def proposed(self, drafted: int) -> None:
+        self.drafted = drafted
+
+    def update(self, accepted: int) -> None:
+        """The verdict of the last proposal: ``accepted`` of its ``drafted`` tokens matched."""
+
+
+class HeuristicSchedule(DraftSchedule):
+    def __init__(self, num_draft: int, max_num_draft: int) -> None:
+        super().__init__(num_draft, max_num_draft)
+        self.current = num_draft
+
+    def length(self) -> int:
+        return self.current
+
+    def update(self, accepted: int) -> None:
+        if self.drafted == 0:
+            return  # nothing was drafted (no n-gram match, or the budget is spent): nothing learnt
+        if accepted == self.drafted:
+            self.current = min(self.current + 2, self.max_num_draft)
+        else:
+            self.current = max(self.current - 1, 1)
+
+
+class AcceptanceProfile:
+    """Online a_i = P(draft position i accepted | positions < i accepted), with exponential forgetting.
+
+    Each position's rate is shrunk towards the pooled rate of all positions (``PRIOR_WEIGHT`` pseudo-trials),
+    so positions never drafted yet borrow the pooled estimate."""
+
+    DECAY = 0.95  # per update: about the last 20 steps count
+    PRIOR_WEIGHT = 2.0
+
+    def __init__(self, positions: int) -> None:
+        self.tried = [0.0] * positions
+        self.hits = [0.0] * positions
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.tried = [t * self.DECAY for t in self.tried]
+        self.hits = [h * self.DECAY for h in self.hits]
+        for i in range(min(drafted, accepted + 1, len(self.tried))):  # positions that were judged
+            self.tried[i] += 1.0
+            self.hits[i] += float(i < accepted)
+
+    def rates(self) -> list[float]:
+        pooled = (sum(self.hits) + 1.0) / (sum(self.tried) + 2.0)  # Beta(1, 1) prior
+        w = self.PRIOR_WEIGHT
+        return [(h + w * pooled) / (t + w) for h, t in zip(self.hits, self.tried)]
+
+    def expected_accepted(self) -> list[float]:
+        """E[accepted(k)] for k = 0 .. positions."""
+        expected, survive = [0.0], 1.0
+        for rate in self.rates():
+            survive *= rate
+            expected.append(expected[-1] + survive)
+        return expected
+
+
+class CostCurve:
+    """Online time of a step scoring T tokens.
+
+    Keeps a running mean per T (observations beyond 3x the mean are clipped: other processes share the CPU)
+    and fits a line base + slope * (T - 1) through them by weighted least squares, regularised towards
+    slope = ``PRIOR_SLOPE`` * base so a few observations at a single T still give a usable curve. A T seen
+    often is predicted by its own mean (CPU matmul kernels are not linear in T: on some builds 2 or 3 rows
+    cost more than 4), one seen rarely or never by the line."""
+
+    PRIOR_SLOPE = 0.1  # a CPU forward over 10 tokens costs about twice a 1-token forward
+    PRIOR_WEIGHT = 2.0
+    MAX_WEIGHT = 8.0  # a bucket's weight in the fit saturates, so the line follows every T seen
+
+    def __init__(self) -> None:
+        self.mean: dict[int, float] = {}  # T -> mean seconds
+        self.count: dict[int, int] = {}
+
+    @property
+    def empty(self) -> bool:
+        return not self.mean
+
+    def add(self, tokens: int, seconds: float) -> None:
+        n = self.count.get(tokens, 0)
+        if n:
+            mean = self.mean[tokens]
+            seconds = min(max(seconds, mean / 3), mean * 3)
+            self.mean[tokens] = mean + (seconds - mean) / min(n + 1, 10)  # running mean, then a moving one
+        else:
+            self.mean[tokens] = seconds
+        self.count[tokens] = n + 1
+
+    def predictions(self, upto: int) -> list[float]:
+        """Predicted seconds for T = 1 .. upto: each T's own mean blended with the line by their weights."""
+        base, slope = self.line()
+        predicted = []
+        for tokens in range(1, upto + 1):
+            n = min(self.count.get(tokens, 0), self.MAX_WEIGHT)
+            line = base + slope * (tokens - 1)
+            mean = self.mean.get(tokens, line)
+            predicted.append((n * mean + self.PRIOR_WEIGHT * line) / (n + self.PRIOR_WEIGHT))
+        return predicted
+
+    def line(self) -> tuple[float, float]:
+        """(base, slope) minimising sum w (y - base - slope x)^2 + P (slope - r base)^2, with x = T - 1."""
+        r, p = self.PRIOR_SLOPE, self.PRIOR_WEIGHT
+        points = [(min(self.count[t], self.MAX_WEIGHT), t - 1, y) for t, y in self.mean.items()]  # (w, x, y)
+        sw = sum(w for w, _, _ in points)
+        sx = sum(w * x for w, x, _ in points)
+        sxx = sum(w * x * x for w, x, _ in points)
+        sy = sum(w * y for w, _, y in points)
+        sxy = sum(w * x * y for w, x, y in points)
+        # normal equations of the regularised fit, a 2x2 system in (base, slope)
+        a11, a12, a22 = sw + p * r * r, sx - p * r, sxx + p
+        det = a11 * a22 - a12 * a12
+        base = (sy * a22 - sxy * a12) / det
+        slope = (a11 * sxy - a12 * sy) / det
+        if slope < 0:  # a flat curve (or noise): extra tokens are free
+            return sy / sw, 0.0
+        if base <= 0:  # noise: keep the prior's shape, base * (1 + r x), fitted to the data
+            base = sum(w * y * (1 + r * x) for w, x, y in points) / sum(w * (1 + r * x) ** 2 for w, x, _ in points)
+            slope = r * base
+        return base, slope
+
+
+class CostSchedule(DraftSchedule):
+    def __init__(self, num_draft: int, max_num_draft: int) -> None:
+        super().__init__(num_draft, max_num_draft)
+        self.profile = AcceptanceProfile(max_num_draft)
+        self.curve = CostCurve()
+        self.draft_seconds: float | None = None  # running mean time per drafted token
+        self.idle_steps = 0  # steps in a row that drafted nothing by choice
+        self.probe_after = FIRST_PROBE  # idle steps before the next probe
+        self._verify_start: float | None = None
+        self._propose_start = 0.0
+
+    def length(self) -> int:
+        self._start_step()
+        return self.num_draft if self.curve.empty else self._probe(self.best_length())
+
+    def candidates(self) -> int:
+        self._start_step()
+        return self.num_draft if self.curve.empty else self.max_num_draft
+
+    def best_length(self) -> int:
+        return self._best(self.profile.expected_accepted())
+
+    def best_prefix(self, chances: list[float]) -> int:
+        if self.curve.empty or not chances:
+            return len(chances)
+        expected = [0.0]
+        for chance in chances:
+            expected.append(expected[-1] + chance)
+        return self._probe(self._best(expected))
+
+    def _best(self, expected: list[float]) -> int:
+        """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second."""
+        draft = self.draft_seconds or 0.0
+        verify = self.curve.predictions(len(expected))  # verify[k]: a step scoring 1 + k tokens
+        scores = [(1 + e) / (verify[k] + draft * k) for k, e in enumerate(expected)]
+        return max(range(len(scores)), key=scores.__getitem__)
+
+    def _probe(self, k: int) -> int:
+        """While drafting does not pay (k = 0), draft one token now and then so a low estimate can be proven
+        wrong: after FIRST_PROBE idle steps, then after twice as many as the last wait."""
+        if k > 0:
+            self.idle_steps, self.probe_after = 0, FIRST_PROBE
+            return k
+        self.idle_steps += 1
+        if self.idle_steps < self.probe_after:
+            return 0
+        self.idle_steps, self.probe_after = 0, 2 * self.probe_after
+        return 1
+
+    def _start_step(self) -> None:
+        now = time.perf_counter()
+        if self._verify_start is not None:
+            self.curve.add(1 + self.drafted, now - self._verify_start)
+            self._verify_start = None
+        self._propose_start = now
+
+    def proposed(self, drafted: int) -> None:
+        now = time.perf_counter()
+        if drafted:
+            per_token = (now - self._propose_start) / drafted
+            old = self.draft_seconds
+            self.draft_seconds = per_token if old is None else old + (min(per_token, 3 * old) - old) / 8
+        self.drafted = drafted
+        self._verify_start = now
+
+    def update(self, accepted: int) -> None:
+        if self.drafted:
+            self.profile.update(self.drafted, accepted)
+
+
+_KINDS = {"fixed": DraftSchedule, "heuristic": HeuristicSchedule, "cost": CostSchedule}
+
+
+def make_schedule(kind: str, num_draft: int, max_num_draft: int) -> DraftSchedule:
+    return _KINDS[kind](num_draft, max_num_draft)

@@ -1,0 +1,140 @@
+"""`auto`: lossless whatever it picks, reports its choices, and picks the faster drafter when one clearly is.
+
+The choice depends on measured time, so the "picks the better one" tests make the difference large and
+deterministic in kind: a backend whose forward pass sleeps (so tokens per forward decide), or a candidate
+that sleeps while drafting (so drafting cost decides).
+"""
+
+import time
+
+import pytest
+
+from paradecode.drafters import auto as auto_module
+from paradecode.drafters.pld_tree import PromptLookupTreeDrafter
+from paradecode.registry import get_method, method_names
+from tiny import ChainOnly, run, single_thread, tiny_backend
+
+_one_thread = pytest.fixture(scope="module", autouse=True)(single_thread)
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7], [3, 9, 4, 9, 3, 9, 4, 9, 3, 9, 4], [11], list(range(5, 30))]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_auto_greedy_equals_autoregressive(seed):
+    backend = tiny_backend(seed, sharp=4.0)
+    for prompt in PROMPTS:
+        for max_new in (1, 7, 40):
+            expected, _ = run(backend, "ar", prompt, max_new_tokens=max_new)
+            got, stats = run(backend, "auto", prompt, max_new_tokens=max_new)
+            assert got == expected, (seed, prompt, max_new)
+            assert stats.new_tokens == max_new
+
+
+def test_auto_eos_stop_strings_and_chain_only_backends_like_autoregressive():
+    for seed in range(2):
+        backend = tiny_backend(seed, sharp=4.0)
+        reference, _ = run(backend, "ar", PROMPTS[2], max_new_tokens=30)
+        for eos_at in (0, 3, 11):
+            expected, _ = run(backend, "ar", PROMPTS[2], max_new_tokens=30, eos_ids=[reference[eos_at]])
+            got, stats = run(backend, "auto", PROMPTS[2], max_new_tokens=30, eos_ids=[reference[eos_at]])
+            assert got == expected and stats.stop_reason == "eos"
+        stop = f"t{reference[9]} t{reference[10]} "
+        expected, _ = run(backend, "ar", PROMPTS[2], max_new_tokens=30, stop=[stop])
+        got, stats = run(backend, "auto", PROMPTS[2], max_new_tokens=30, stop=[stop])
+        assert got == expected and stats.stop_reason == "stop"
+        expected, _ = run(backend, "ar", PROMPTS[0], max_new_tokens=40)
+        got, stats = run(ChainOnly(backend), "auto", PROMPTS[0], max_new_tokens=40)
+        assert got == expected and all(s.parents is None for s in stats.steps)
+
+
+def test_auto_reports_its_choices():
+    backend = tiny_backend(1, sharp=4.0)
+    _, stats = run(backend, "auto", PROMPTS[1], max_new_tokens=60)
+    report = stats.info["auto"]
+    candidates = report["candidates"]
+    assert {"ar", "pld", "pld-tree"} <= set(candidates)
+    trainfree = {n for n in method_names() if n in auto_module.DEFAULT_CANDIDATES
+                 or getattr(get_method(n), "training_free", False)}
+    assert set(candidates) | set(report["skipped"]) >= trainfree
+    assert "draft" in report["skipped"] and "draft-tree" in report["skipped"]  # no draft model given
+    assert report["choice"] in candidates
+    assert sum(c["steps"] for c in candidates.values()) == stats.forward_passes
+    assert sum(c["tokens"] for c in candidates.values()) == stats.new_tokens
+    for step in stats.steps:
+        assert step.info["auto"] in candidates and step.info["auto_reason"] in ("warmup", "best", "explore")
+    warmup = [s.info["auto"] for s in stats.steps if s.info["auto_reason"] == "warmup"]
+    assert sorted(warmup) == sorted(candidates)  # one warm-up step each (the default)
+
+
+def test_auto_with_a_draft_model_tries_the_draft_methods_and_stays_lossless():
+    backend = tiny_backend(2, sharp=4.0)
+    expected, _ = run(backend, "ar", PROMPTS[0], max_new_tokens=40)
+    got, stats = run(backend, "auto", PROMPTS[0], max_new_tokens=40, draft_backend=tiny_backend(2, sharp=4.0),
+                     candidates="ar,draft,draft-tree")
+    assert got == expected
+    assert set(stats.info["auto"]["candidates"]) == {"ar", "draft", "draft-tree"}
+    assert stats.draft_forward_passes > 0
+
+
+def test_auto_samples_with_every_candidate():
+    backend = tiny_backend(3)
+    out, stats = run(backend, "auto", PROMPTS[0], max_new_tokens=40, temperature=0.8, seed=5,
+                     draft_backend=tiny_backend(4), candidates="ar,pld-tree,draft-tree")
+    assert len(out) == 40 and sum(c["steps"] for c in stats.info["auto"]["candidates"].values()) == len(stats.steps)
+
+
+class SlowForward:
+    """A target whose every forward pass takes at least ``seconds`` (a memory-bound model: cost per pass)."""
+
+    def __init__(self, inner, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = self.inner.forward(*args, **kwargs)
+        time.sleep(max(0.0, self.seconds - (time.perf_counter() - start)))
+        return out
+
+
+def test_auto_picks_the_drafter_with_more_tokens_per_forward_when_forwards_cost_the_time():
+    backend = SlowForward(tiny_backend(1, sharp=4.0), seconds=0.006)  # pld: ~3.6 tokens per forward here
+    expected, _ = run(backend, "ar", PROMPTS[1], max_new_tokens=80)
+    got, stats = run(backend, "auto", PROMPTS[1], max_new_tokens=80, candidates="ar,pld")
+    assert got == expected
+    report = stats.info["auto"]
+    assert report["choice"] == "pld"
+    late = [s.info["auto"] for s in stats.steps[-10:]]  # the text repeats once it is under way
+    assert late.count("pld") >= 8
+
+
+class _SlowDrafter(PromptLookupTreeDrafter):
+    """The same drafts as pld-tree, 15 ms late."""
+
+    def propose(self, state):
+        time.sleep(0.015)
+        return super().propose(state)
+
+
+@pytest.mark.parametrize("order", ["slow,fast", "fast,slow"])
+def test_auto_picks_the_cheaper_drafter_when_drafts_are_the_same(monkeypatch, order):
+    fakes = {"slow": _SlowDrafter, "fast": type("_FastDrafter", (PromptLookupTreeDrafter,), {})}
+    monkeypatch.setattr(auto_module, "get_method", lambda name: fakes.get(name) or get_method(name))
+    backend = tiny_backend(1, sharp=4.0)
+    expected, _ = run(backend, "ar", PROMPTS[0], max_new_tokens=60)
+    got, stats = run(backend, "auto", PROMPTS[0], max_new_tokens=60, candidates=order)
+    assert got == expected
+    report = stats.info["auto"]
+    assert report["choice"] == "fast"
+    assert report["candidates"]["fast"]["steps"] > 2 * report["candidates"]["slow"]["steps"]
+
+
+def test_auto_rejects_bad_candidates():
+    from paradecode.errors import ParadecodeError
+
+    with pytest.raises(ParadecodeError, match="unknown method"):
+        get_method("auto").create({"candidates": "ar,nope"})
+    with pytest.raises(ParadecodeError, match="own candidate"):
+        get_method("auto").create({"candidates": "ar,auto"})

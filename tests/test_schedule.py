@@ -1,0 +1,188 @@
+"""Draft-length schedules: heuristic grow/shrink, and the cost schedule's choice on synthetic costs and acceptance.
+
+The cost schedule times its own steps; these tests drive it with a fake clock, so every number is exact.
+"""
+
+import pytest
+
+import paradecode.drafters.schedule as schedule_module
+from paradecode.drafters.schedule import (
+    FIRST_PROBE,
+    AcceptanceProfile,
+    CostCurve,
+    CostSchedule,
+    make_schedule,
+)
+from paradecode.errors import ParadecodeError
+from paradecode.registry import get_method
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(schedule_module, "time", fake)
+    return fake
+
+
+def test_fixed_always_drafts_num_draft():
+    schedule = make_schedule("fixed", 5, 16)
+    for accepted in (0, 5, 2, 5):
+        assert schedule.length() == 5
+        schedule.proposed(5)
+        schedule.update(accepted)
+
+
+def test_heuristic_grows_after_full_accept_and_shrinks_after_rejection():
+    schedule = make_schedule("heuristic", 4, 9)
+    lengths = []
+    for accepted_all in (True, True, True, False, False, True, False, False, False, False, False, False):
+        n = schedule.length()
+        lengths.append(n)
+        schedule.proposed(n)
+        schedule.update(n if accepted_all else n - 1)
+    assert lengths == [4, 6, 8, 9, 8, 7, 9, 8, 7, 6, 5, 4]  # +2 capped at 9, -1 per rejection
+    for _ in range(10):
+        n = schedule.length()
+        schedule.proposed(n)
+        schedule.update(0)
+    assert schedule.length() == 1  # never below one token
+
+
+def test_heuristic_counts_a_short_draft_fully_accepted_as_full_and_ignores_empty_drafts():
+    schedule = make_schedule("heuristic", 4, 16)
+    schedule.length()
+    schedule.proposed(2)  # pld found only 2 tokens to copy
+    schedule.update(2)
+    assert schedule.length() == 6
+    schedule.proposed(0)  # no match: nothing learnt
+    schedule.update(0)
+    assert schedule.length() == 6
+
+
+def test_acceptance_profile_learns_per_position_rates():
+    profile = AcceptanceProfile(4)
+    for _ in range(200):
+        profile.update(drafted=4, accepted=1)  # position 0 always accepted, position 1 always rejected
+    rates = profile.rates()
+    assert rates[0] > 0.9 and rates[1] < 0.1
+    assert profile.tried[2] == profile.tried[3] == 0  # never judged
+    expected = profile.expected_accepted()
+    assert expected[0] == 0 and expected[1] == pytest.approx(rates[0])
+    assert expected[2] - expected[1] < 0.1  # a second token is almost never accepted
+    assert all(b >= a for a, b in zip(expected, expected[1:]))
+
+
+def test_cost_curve_recovers_a_line_and_keeps_a_kink():
+    curve = CostCurve()
+    for _ in range(10):
+        for tokens in range(1, 9):
+            curve.add(tokens, 2.0 + 0.5 * (tokens - 1))
+    base, slope = curve.line()
+    assert base == pytest.approx(2.0, rel=0.05) and slope == pytest.approx(0.5, rel=0.05)
+    single = CostCurve()
+    single.add(1, 3.0)
+    assert single.line() == pytest.approx((3.0, 3.0 * CostCurve.PRIOR_SLOPE), rel=1e-6)  # the prior's shape
+    kinked = CostCurve()
+    for _ in range(10):
+        for tokens, seconds in ((1, 1.0), (2, 1.8), (4, 1.3), (8, 1.7)):  # 2 rows cost more than 4
+            kinked.add(tokens, seconds)
+    predicted = kinked.predictions(8)
+    assert predicted[1] > predicted[3]
+    assert predicted[1] == pytest.approx(1.8, rel=0.1)
+
+
+def test_cost_curve_clips_outliers():
+    curve = CostCurve()
+    for _ in range(5):
+        curve.add(1, 1.0)
+    curve.add(1, 100.0)  # another process stole the CPU for this step
+    assert curve.mean[1] < 1.5
+
+
+def _primed(rate: float, base: float, slope: float, draft: float, positions: int = 16) -> CostSchedule:
+    """A cost schedule whose estimates are a constant acceptance rate and a linear cost curve."""
+    schedule = CostSchedule(4, positions)
+    schedule.profile.tried = [1e6] * positions
+    schedule.profile.hits = [1e6 * rate] * positions
+    for tokens in range(1, positions + 2):
+        for _ in range(10):
+            schedule.curve.add(tokens, base + slope * (tokens - 1))
+    schedule.draft_seconds = draft
+    return schedule
+
+
+def _brute_force(rate: float, base: float, slope: float, draft: float, positions: int = 16) -> int:
+    def speed(k):
+        return (1 + sum(rate**j for j in range(1, k + 1))) / (base + (slope + draft) * k)
+
+    return max(range(positions + 1), key=speed)
+
+
+@pytest.mark.parametrize(
+    "rate,base,slope,draft",
+    [(0.5, 1.0, 0.1, 0.0), (0.8, 1.0, 0.1, 0.0), (0.9, 1.0, 0.05, 0.1), (0.6, 1.0, 0.2, 0.3), (0.95, 1.0, 0.0, 0.0)],
+)
+def test_cost_schedule_maximises_tokens_per_second(rate, base, slope, draft):
+    chosen = _primed(rate, base, slope, draft).best_length()
+    assert chosen == _brute_force(rate, base, slope, draft)
+
+
+def test_cost_schedule_extremes():
+    assert _primed(0.95, 1.0, 0.0, 0.0).best_length() == 16  # free tokens, nearly always accepted: the ceiling
+    assert _primed(0.1, 1.0, 0.3, 0.2).best_length() == 0  # drafting does not pay: plain decoding
+    assert _primed(0.5, 1.0, 0.1, 0.0).best_length() == 2  # (1 + .5 + .25) / 1.2 beats k = 1 and k = 3
+
+
+def test_cost_schedule_learns_from_its_own_timing(clock):
+    """A cheap verifier and drafts that are always accepted: the draft grows to the ceiling."""
+    schedule = make_schedule("cost", 3, 12)
+    for _ in range(40):
+        n = schedule.length()
+        schedule.proposed(n)
+        clock.now += 1.0 + 0.01 * n  # the step's forward pass
+        schedule.update(n)
+    assert schedule.length() == 12
+
+
+def test_cost_schedule_stops_drafting_when_it_does_not_pay_and_probes_less_and_less(clock):
+    schedule = make_schedule("cost", 3, 12)
+    lengths = []
+    for _ in range(200):
+        n = schedule.length()
+        lengths.append(n)
+        clock.now += 0.5 * n  # drafting is expensive
+        schedule.proposed(n)
+        clock.now += 1.0 + 0.3 * n  # so is verifying
+        schedule.update(0)  # and nothing is accepted
+    probes = [i for i, n in enumerate(lengths) if i > 0 and n > 0]
+    assert all(lengths[i] == 1 for i in probes)  # a probe is one token
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 3 and gaps == sorted(gaps) and gaps[-1] >= 4 * FIRST_PROBE  # each wait doubles
+
+
+@pytest.mark.parametrize("method", ["pld", "ngram", "layerskip", "draft"])
+def test_schedule_options_are_validated(method):
+    extra = {"draft_model": "x"} if method == "draft" else {}
+    cls = get_method(method)
+    with pytest.raises(ParadecodeError, match="schedule"):
+        cls.create({"schedule": "sometimes", **extra})
+    with pytest.raises(ParadecodeError, match="max_num_draft"):
+        cls.create({"num_draft": 8, "max_num_draft": 4, **extra})
+
+
+def test_cost_schedule_cuts_a_scored_draft_where_tokens_per_second_peak():
+    schedule = _primed(0.5, 1.0, 0.1, 0.0)
+    chances = [0.9, 0.8, 0.3, 0.1, 0.05]  # the drafter's chance that its first 1, 2, ... tokens all pass
+    # tokens per second: k=2: 2.7 / 1.2 = 2.25, k=3: 3.0 / 1.3 = 2.31, k=4: 3.1 / 1.4 = 2.21
+    assert schedule.best_prefix(chances) == 3
+    assert _primed(0.5, 1.0, 0.5, 0.0).best_prefix(chances) == 2  # a steeper cost curve keeps fewer
+    assert make_schedule("fixed", 4, 16).best_prefix(chances) == 5  # other schedules keep what was drafted
+    assert schedule.candidates() == 16  # the chances decide, up to the ceiling

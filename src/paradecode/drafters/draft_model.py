@@ -18,7 +18,7 @@ from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
-from paradecode.verify.sampling import probabilities, sample
+from paradecode.verify.sampling import draw_draft_token
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,8 @@ class DraftModelDrafter(Drafter):
         for _ in range(length):
             logits = self.backend.forward(torch.tensor(feed, dtype=torch.long)).logits[-1]  # [V]
             self.draft_forward_passes += 1
-            if state.sampling.greedy:
-                token = int(logits.argmax())
-            else:
-                q = probabilities(logits, state.sampling)  # [V]
-                token = sample(q, state.rng)
+            token, q = draw_draft_token(logits, state.sampling, state.rng)
+            if q is not None:
                 q_rows.append(q)
             drafts.append(token)
             if token in state.eos_ids:

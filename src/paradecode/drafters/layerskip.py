@@ -32,7 +32,7 @@ from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
-from paradecode.verify.sampling import probabilities, sample
+from paradecode.verify.sampling import draw_draft_token
 
 
 @dataclass(frozen=True)
@@ -134,11 +134,8 @@ class LayerSkipDrafter(Drafter):
                         "cannot. Use the llama backend (--backend llama) with a Llama-family model."
                     ) from None
                 self.draft_forward_passes += 1
-                if state.sampling.greedy:
-                    feed = int(logits.argmax())
-                else:
-                    q = probabilities(logits, state.sampling)  # [V]
-                    feed = sample(q, state.rng)
+                feed, q = draw_draft_token(logits, state.sampling, state.rng)
+                if q is not None:
                     q_rows.append(q)
                 drafts.append(feed)
                 if feed in state.eos_ids:

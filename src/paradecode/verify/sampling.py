@@ -36,3 +36,12 @@ def sample(probs: torch.Tensor, rng: torch.Generator) -> int:
 
 def uniform(rng: torch.Generator) -> float:
     return float(torch.rand((), generator=rng))
+
+
+def draw_draft_token(logits: torch.Tensor, sampling: SamplingConfig, rng: torch.Generator) -> tuple[int, torch.Tensor | None]:
+    """A drafter's next token from its logits [V]: the argmax when greedy (q = None), else a sample from
+    q = probabilities(logits), returned with q for speculative sampling."""
+    if sampling.greedy:
+        return int(logits.argmax()), None
+    q = probabilities(logits, sampling)  # [V]
+    return sample(q, rng), q

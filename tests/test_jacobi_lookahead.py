@@ -127,7 +127,7 @@ def test_lookahead_accepts_pooled_ngrams_through_a_tree():
 
 
 def test_jacobi_accepts_converged_guesses():
-    _, stats = run(_backend(2), "jacobi", PROMPTS[4], max_new_tokens=60, init="repeat-last")
+    _, stats = run(_backend(2), "jacobi", PROMPTS[4], max_new_tokens=60, init="repeat-last", variant="jacobi")
     assert stats.mean_accepted > 2.0
 
 
@@ -140,7 +140,7 @@ def test_gauss_seidel_blocks_shrink_until_converged():
         remaining -= step.committed
         if remaining <= 0:
             remaining = 5
-    sliding = run(_backend(0), "jacobi", PROMPTS[3], max_new_tokens=40, init="pad", window=5)[1]
+    sliding = run(_backend(0), "jacobi", PROMPTS[3], max_new_tokens=40, init="pad", variant="jacobi", window=5)[1]
     assert all(len(step.drafted) == 5 for step in sliding.steps[:30])
 
 
@@ -154,7 +154,7 @@ def test_seeded_sampling_is_reproducible():
 
 # -- sampling: the first two tokens are distributed exactly as the model's ------------------------------------
 VOCAB = 8
-SAMPLE_PROMPT = [3, 0, 6, 2, 5, 6, 2, 4, 0, 2]  # seed 2's own text: root 2 has two pooled 4-grams -> a tree
+SAMPLE_PROMPT = [3, 0, 6, 2, 5, 6, 2, 4, 0, 2]  # seed 2's own text: root 2 has two pooled 3-grams -> a tree
 DRAWS = 3000
 
 
@@ -201,6 +201,10 @@ def _forgetful_verifier(draft_tokens, parents, draft_probs, target_probs, rng):
     ("jacobi", {"init": "ngram", "variant": "gs"}, False), ("lookahead", {}, False), ("lookahead", {}, True)],
     ids=["jacobi-gs-ngram", "lookahead-tree", "lookahead-chain"])
 def test_sampling_matches_the_model_distribution(method, options, chain_only):
+    _, stats = run(_backend(2, chain_only, vocab=VOCAB), method, SAMPLE_PROMPT, max_new_tokens=2, temperature=1.0)
+    assert stats.steps[0].drafted  # the first token is drawn against a draft
+    if method == "lookahead":
+        assert (stats.steps[0].parents is None) == chain_only  # a branching tree unless chains only
     assert _pvalue(method, options, chain_only) > 1e-3
 
 

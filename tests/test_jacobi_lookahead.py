@@ -17,7 +17,8 @@ import paradecode.engine as engine
 from paradecode.backends.llama import LlamaBackend
 from paradecode.config import SamplingConfig
 from paradecode.drafters.base import DecodeState
-from paradecode.drafters.lookahead import LookaheadDrafter, ngram_tree, window_mask, window_offsets
+from paradecode.drafters.lookahead import LookaheadDrafter, window_mask, window_offsets
+from paradecode.drafters.pld_tree import merge_prefix_tree
 from paradecode.drafters.ngram_pool import NgramPool
 from paradecode.errors import ParadecodeError
 from paradecode.registry import get_method
@@ -240,10 +241,10 @@ def test_ngram_pool_harvests_a_token_list():
 
 
 def test_ngram_tree_shares_prefixes_parent_first():
-    tokens, parents = ngram_tree([(5, 6, 7), (5, 6, 8), (9, 6, 7), (5, 1, 2)])
+    tokens, parents = merge_prefix_tree([[5, 6, 7], [5, 6, 8], [9, 6, 7], [5, 1, 2]], budget=100)
     assert tokens == [5, 6, 7, 8, 9, 6, 7, 1, 2]
     assert parents == [-1, 0, 1, 1, -1, 4, 5, 0, 7]
-    assert ngram_tree([]) == ([], [])
+    assert merge_prefix_tree([], budget=100) == ([], [])
 
 
 def test_window_mask_follows_the_paper():

@@ -27,6 +27,7 @@ import torch
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.ngram_pool import NgramPool
+from paradecode.drafters.pld_tree import merge_prefix_tree
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -75,23 +76,6 @@ def window_mask(width: int, depth: int) -> torch.Tensor:
     return mask
 
 
-def ngram_tree(candidates: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
-    """Merge continuations into a prefix tree: (tokens, parents) in parent-first order, -1 = the root."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-    for candidate in candidates:
-        node = -1
-        for token in candidate:
-            child = children.get((node, token))
-            if child is None:
-                child = children[(node, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(node)
-            node = child
-    return tokens, parents
-
-
 @register("lookahead")
 class LookaheadDrafter(Drafter):
     Options = LookaheadOptions
@@ -112,7 +96,7 @@ class LookaheadDrafter(Drafter):
         candidates = self.pool.candidates(state.tokens[-1], self.options.G)
         if not state.supports_tree:
             candidates = candidates[:1]
-        tokens, parents = ngram_tree(candidates)
+        tokens, parents = merge_prefix_tree([list(c) for c in candidates], budget=sum(map(len, candidates)))
         is_chain = all(parent == i - 1 for i, parent in enumerate(parents))
         proposal = Proposal(tokens=tokens, parents=None if is_chain else parents,
                             info={"candidates": len(candidates)})

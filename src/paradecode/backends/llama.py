@@ -96,6 +96,7 @@ def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
     return inv_freq
 
 
+WIDE_ROWS = 12  # up to this many tokens, the LM head computes W @ x.T (see _Linear.wide)
 FEW_ROWS = 3  # up to this many tokens, projections use x @ W_t; beyond, F.linear (see the module docstring)
 
 
@@ -118,6 +119,14 @@ class _Linear:
         if few_rows:
             return torch.mm(x, self.weight_t) if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
         return F.linear(x, self.weight, self.bias)
+
+    def wide(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] -> [T, out] for a very wide projection (the LM head): measured on this CPU's MKL,
+        ``W @ x.T`` is 2-3x faster than either other form for 2 <= T <= 12."""
+        if not 2 <= x.shape[0] <= WIDE_ROWS:
+            return self(x, x.shape[0] <= FEW_ROWS)
+        out = torch.mm(self.weight, x.t()).t()  # [T, out]
+        return out if self.bias is None else out + self.bias
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, few_rows: bool) -> torch.Tensor:
         """residual [T, out] + projection of x [T, in]."""
@@ -287,5 +296,5 @@ class LlamaBackend:
             x = layer.down.add_to(x, F.silu(gate) * up, few_rows)  # [T, D]
         self._len = end
         hidden = F.rms_norm(x, (d,), self._norm, s.rms_norm_eps)  # [T, D]
-        logits = self._lm_head(hidden, few_rows).float()  # [T, V]
+        logits = self._lm_head.wide(hidden).float()  # [T, V]
         return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)

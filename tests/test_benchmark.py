@@ -240,6 +240,7 @@ def test_bench_run_writes_every_output(tmp_path, capsys, tiny_model, fake_peer):
     assert results["machine"]["cpu_count"] and results["versions"]["torch"]
     order = [(r["question_id"], r["method"]) for r in results["records"]]
     assert order[:5] == [(1, m) for m in ("ar", "pld", "hf", "hf-pld", "fake")]  # interleaved per question
+    assert [qid for qid, _ in order[::5]] == [1, 3, 5, 2, 4]  # one question of every category per round
     by = {(r["method"], r["question_id"]): r["turns"][0] for r in results["records"]}
     for qid in range(1, 6):
         assert len(by["ar", qid]["token_ids"]) == 12
@@ -311,6 +312,21 @@ def test_interrupted_run_leaves_partial_results_and_resume_finishes_it(tmp_path,
     code, out_err = bench_cli(capsys, *common[:-4], "--methods", "ar", "--max-new-tokens", "9", "--out", str(out),
                               "--resume")
     assert code == 2 and "other settings" in out_err.err
+
+
+def test_resume_with_fewer_questions_reports_that_subset_without_running(tmp_path, capsys, tiny_model, fake_peer):
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS)
+    out = tmp_path / "out"
+    common = ["--questions", str(qfile), "--max-new-tokens", "8", "--methods", "ar,fake", "--out", str(out)]
+    assert bench_cli(capsys, *common, "--per-category", "2")[0] == 0
+    calls, full = FakePeer.calls, json.loads((out / "results.json").read_text())
+    assert bench_cli(capsys, *common, "--per-category", "1", "--resume")[0] == 0
+    assert FakePeer.calls == calls  # nothing run again, not even the warm-up
+    subset = json.loads((out / "results.json").read_text())
+    assert sorted({r["question_id"] for r in subset["records"]}) == [1, 3, 5]
+    assert subset["complete"] and subset["questions"]["selected"] == 3
+    stamps = {(r["method"], r["question_id"]): r["tstamp"] for r in full["records"]}
+    assert all(stamps[r["method"], r["question_id"]] == r["tstamp"] for r in subset["records"])
 
 
 def test_hf_draft_counts_target_and_draft_forward_passes(tmp_path, capsys, tiny_model):

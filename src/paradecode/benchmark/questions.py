@@ -99,6 +99,18 @@ def select(
     return chosen
 
 
+def round_robin(questions: list[Question]) -> list[Question]:
+    """The run order: the first question of every category, then the second of every category, and so on
+    (file order within a round), so a partial or interrupted run has covered every category evenly."""
+    seen: dict[str, int] = {}
+    ranked = []
+    for index, question in enumerate(questions):
+        rank = seen.get(question.category, 0)
+        seen[question.category] = rank + 1
+        ranked.append((rank, index, question))
+    return [question for _, _, question in sorted(ranked, key=lambda item: item[:2])]
+
+
 def parse_per_category(raw: str) -> int | None:
     """``--per-category``: a positive integer, or ``all``."""
     if raw.strip().lower() == "all":

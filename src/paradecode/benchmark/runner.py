@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from paradecode.backends.base import tree_depths
 from paradecode.benchmark.peers import PEERS, Peer
-from paradecode.benchmark.questions import Question
+from paradecode.benchmark.questions import Question, round_robin
 from paradecode.drafters.base import build_options
 from paradecode.errors import ParadecodeError
 from paradecode.registry import get_method, method_names, parse_options
@@ -222,13 +222,13 @@ def run_all(
     warmup_tokens: int = 8,
     progress: bool = True,
 ) -> list[dict]:
-    """Warm up every method, then run the (question, method) pairs not in ``done``, interleaved per question.
-    Returns every record, old and new; a KeyboardInterrupt propagates after the finished ones are logged."""
+    """Warm up every method, then run the (question, method) pairs not in ``done``, interleaved per question,
+    questions in ``round_robin`` order (one of each category per round). Returns every record, old and new; a KeyboardInterrupt propagates after the finished ones are logged."""
     from tqdm import tqdm
 
     records = list(done)
     finished = {(r["method"], r["question_id"]) for r in done}
-    todo = [(q, c) for q in questions for c in contenders if (c.name, q.question_id) not in finished]
+    todo = [(q, c) for q in round_robin(questions) for c in contenders if (c.name, q.question_id) not in finished]
     if not todo:
         return records
     warm_prompt = build_prompt(contenders[0].model, [questions[0].turns[0]], [])

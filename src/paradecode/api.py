@@ -96,20 +96,36 @@ class Model:
         self._hf_model = None
 
     # -- text <-> tokens -------------------------------------------------------------------------------
-    def encode(self, prompt: str | Sequence[int], chat: bool | None = None) -> list[int]:
+    def encode(self, prompt: str | Sequence[int] | Sequence[dict], chat: bool | None = None) -> list[int]:
+        """Token ids of a prompt: text (wrapped in the chat template when ``chat``, by default for chat models),
+        a conversation (a list of ``{"role", "content"}`` messages, see ``encode_chat``), or token ids as they are."""
         if not isinstance(prompt, str):
+            prompt = list(prompt)
+            if prompt and isinstance(prompt[0], dict):
+                return self.encode_chat(prompt)
             return [int(t) for t in prompt]
         if not prompt.strip():
             raise ParadecodeError("the prompt is empty: give some text to continue or a question to answer.")
         if self.chat if chat is None else chat:
-            if not self.tokenizer.chat_template:
-                raise ParadecodeError(f"model {self.name!r} has no chat template: run it without chat (--raw).")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            return [int(t) for t in ids]
+            return self.encode_chat([{"role": "user", "content": prompt}])
         return [int(t) for t in self.tokenizer.encode(prompt)]
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of a conversation (``[{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]``)
+        in the model's chat template, ready for the assistant's next answer."""
+        if not self.tokenizer.chat_template:
+            raise ParadecodeError(f"model {self.name!r} has no chat template: run it without chat (--raw).")
+        messages = list(messages)
+        if not messages:
+            raise ParadecodeError("the conversation is empty: give at least one user message.")
+        for i, message in enumerate(messages):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)):
+                raise ParadecodeError(f"message {i} of the conversation must be a dict with string 'role' and "
+                                      f"'content', got {message!r}.")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return [int(t) for t in ids]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -151,9 +151,7 @@ def build_prompt(model: Any, user_turns: list[str], answers: list[str]) -> list[
         messages.append({"role": "user", "content": turn})
         if i < len(answers):
             messages.append({"role": "assistant", "content": answers[i]})
-    ids = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    return [int(t) for t in ids]
+    return model.encode_chat(messages)
 
 
 def run_question(contender: Contender, question: Question, turns: int, max_new_tokens: int) -> dict:

@@ -369,6 +369,32 @@ def test_unavailable_peer_is_skipped_with_a_note(tmp_path, capsys, tiny_model, m
     assert results["skipped"] == {"llamacpp": "not here"} and results["methods"] == ["ar"]
 
 
+def test_variants_compare_option_sets_of_one_method(tmp_path, capsys, tiny_model):
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:2])
+    out = tmp_path / "out"
+    code, _ = bench_cli(capsys, "--questions", str(qfile), "--max-new-tokens", "10", "--methods", "ar,pld,pld1=pld",
+                        "--opt", "pld1.num_draft=1", "--opt", "pld1.schedule=fixed", "--out", str(out))
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["variants"] == {"pld1": "pld"}
+    assert results["settings"]["options"] == {"pld1": {"num_draft": 1, "schedule": "fixed"}}
+    variant = [r["turns"][0] for r in results["records"] if r["method"] == "pld1"]
+    assert variant and all(n <= 1 for t in variant for n in t["draft_lengths"])  # its own options, not pld's
+    assert results["lossless"]["pld1"]["share"] == 1.0
+    assert "`pld1` = `pld` with num_draft=1, schedule=fixed" in (out / "report.md").read_text()
+    assert (out / "model_answer" / "pld1.jsonl").is_file()
+
+
+@pytest.mark.parametrize("methods, message", [
+    ("pld,pld", "listed twice"), ("ar=pld", "is itself a method"), ("x=nope", "unknown method 'nope'"),
+    ("=pld", "LABEL=METHOD"), ("a.b=pld", "may not contain"),
+])
+def test_bad_variants_exit_2(tmp_path, capsys, methods, message):
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:1])
+    code, out = bench_cli(capsys, "--questions", str(qfile), "--methods", methods, "--out", str(tmp_path / "o"))
+    assert code == 2 and message in out.err
+
+
 def test_methods_all_takes_whatever_is_registered():
     from paradecode.registry import method_names
 

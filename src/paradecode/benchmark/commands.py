@@ -29,7 +29,8 @@ def add_commands(commands) -> None:
     add_model_arguments(bench, DEFAULT_MODEL)
     bench.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                        help="comma-separated paradecode methods (see `paradecode methods`) and peers (hf, hf-pld, "
-                            f"hf-draft, llamacpp), or 'all' (default: {','.join(DEFAULT_METHODS)})")
+                            "hf-draft, llamacpp), or 'all'; LABEL=METHOD adds a variant with its own --opt "
+                            f"LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
     bench.add_argument("--questions", help="Spec-Bench-format .jsonl (question_id, category, turns); default: "
                                            "../shared/data/specbench/question.jsonl when present")
     bench.add_argument("--per-category", default="1", help="questions per category, or 'all' (default: 1)")
@@ -83,6 +84,9 @@ def run_bench(args: argparse.Namespace) -> int:
     turns = 1 if args.turns == "first" else max(len(q.turns) for q in selected)
     settings = dict(model=args.model, backend=args.backend, max_new_tokens=args.max_new_tokens, turns=args.turns,
                     draft_model=args.draft_model, options={s.name: s.options for s in specs if s.options})
+    variants = {s.name: s.method for s in specs if s.name != s.method}
+    if variants:
+        settings["variants"] = variants  # label -> method it runs
     out_dir = Path(args.out)
     runner.start_log(out_dir, settings, args.resume)
 

@@ -51,6 +51,12 @@ def render_report(results: dict) -> str:
         "counted); accept@i: share of steps drafting ≥ i tokens that accepted ≥ i.",
         "",
     ]
+    variants, options = settings.get("variants") or {}, settings.get("options") or {}
+    described = [f"`{m}`" + (f" = `{variants[m]}`" if m in variants else "")
+                 + (" with " + ", ".join(f"{k}={v}" for k, v in options[m].items()) if options.get(m) else "")
+                 for m in methods if m in variants or options.get(m)]
+    if described:
+        lines += ["Options (every other method runs with its defaults): " + "; ".join(described) + ".", ""]
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"`{m}` ({why})" for m, why in results["skipped"].items()), ""]
 

@@ -29,19 +29,39 @@ SETTINGS = "settings.json"
 
 @dataclass
 class MethodSpec:
-    name: str
+    name: str  # the label in records and reports: the method's name, or LABEL of a LABEL=METHOD variant
     peer: type[Peer] | None  # None: a registered paradecode method
     options: dict[str, Any]  # raw values, validated against the method's Options
+    method: str = ""  # the registered method or peer that runs (defaults to ``name``)
+
+    def __post_init__(self) -> None:
+        self.method = self.method or self.name
+
+
+def parse_method(entry: str) -> tuple[str, str]:
+    """``--methods`` entry -> (label, method): ``pld`` runs pld as ``pld``; ``pld4=pld`` runs pld as ``pld4``,
+    so one run can compare option sets of one method (``--opt pld4.num_draft=4``)."""
+    label, sep, method = (part.strip() for part in entry.partition("="))
+    if not sep:
+        return label, label
+    if not label or not method:
+        raise ParadecodeError(f"--methods entry {entry!r}: a variant takes the form LABEL=METHOD, e.g. pld4=pld.")
+    if any(c in label for c in ".:/\\ ") or label in ("all",):
+        raise ParadecodeError(f"--methods entry {entry!r}: the label {label!r} may not contain '.', ':', '/', "
+                              "'\\' or spaces (it names option keys and answer files).")
+    return label, method
 
 
 def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | None) -> list[MethodSpec]:
     """Validate method names and ``--opt METHOD.key=value`` options before any model is loaded."""
-    names = [n.strip() for n in names if n.strip()]
-    if not names:
+    entries = [parse_method(n) for n in names if n.strip()]
+    if not entries:
         raise ParadecodeError("no methods given: pass --methods ar,pld,... (see `paradecode methods`).")
+    names = [label for label, _ in entries]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ParadecodeError(f"method {', '.join(duplicates)} is listed twice in --methods.")
+        raise ParadecodeError(f"method {', '.join(duplicates)} is listed twice in --methods; to compare option "
+                              "sets of one method, label them: --methods pld,pld4=pld --opt pld4.num_draft=4.")
     registered = method_names()
     by_method: dict[str, list[str]] = {}
     for opt in opts:
@@ -53,16 +73,19 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
             raise ParadecodeError(f"--opt {opt!r} is for method {method!r}, which is not in --methods.")
         by_method.setdefault(method.strip(), []).append(f"{option}={value}")
     specs = []
-    for name in names:
-        if name in registered:
-            cls, peer = get_method(name), None
-        elif name in PEERS:
-            cls = peer = PEERS[name]
+    for name, method in entries:
+        if name != method and (name in registered or name in PEERS):
+            raise ParadecodeError(f"--methods entry {name}={method}: the label {name!r} is itself a method; pick "
+                                  "another label, e.g. " + f"{method}2={method}.")
+        if method in registered:
+            cls, peer = get_method(method), None
+        elif method in PEERS:
+            cls = peer = PEERS[method]
             if peer.requirement(draft_model):
                 raise ParadecodeError(peer.requirement(draft_model))
         else:
             raise ParadecodeError(
-                f"unknown method {name!r}; paradecode methods: {', '.join(registered)}; "
+                f"unknown method {method!r}; paradecode methods: {', '.join(registered)}; "
                 f"peers: {', '.join(sorted(PEERS))}."
             )
         options = parse_options(by_method.get(name, []))
@@ -71,7 +94,7 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
         }:
             options.setdefault("draft_model", draft_model)
         build_options(cls, options)  # raises a ParadecodeError for a bad option
-        specs.append(MethodSpec(name, peer, options))
+        specs.append(MethodSpec(name, peer, options, method))
     return specs
 
 
@@ -95,7 +118,7 @@ class Contender:
     """One method ready to run on a loaded model."""
 
     def __init__(self, spec: MethodSpec, model: Any, draft_model: str | None) -> None:
-        self.name, self.model = spec.name, model
+        self.name, self.method, self.model = spec.name, spec.method, model
         self.options = spec.options
         self.peer = spec.peer(build_options(spec.peer, spec.options), model, draft_model) if spec.peer else None
 
@@ -114,7 +137,7 @@ class Contender:
                         accepted_lengths=run.accepted_lengths, accepted_per_step=run.accepted_per_step,
                         stop_reason=_peer_stop(run.token_ids, max_new_tokens, self.model.eos_ids), stats=None,
                         info=run.info)
-        result = self.model.generate(prompt_ids, method=self.name, max_new_tokens=max_new_tokens,
+        result = self.model.generate(prompt_ids, method=self.method, max_new_tokens=max_new_tokens,
                                      options=dict(self.options))
         wall = time.perf_counter() - start
         stats = result.stats

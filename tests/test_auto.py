@@ -12,11 +12,7 @@ import pytest
 from paradecode.drafters import auto as auto_module
 from paradecode.drafters.pld_tree import PromptLookupTreeDrafter
 from paradecode.registry import get_method, method_names
-from tiny import ChainOnly, run, single_thread, tiny_backend
-
-_one_thread = pytest.fixture(scope="module", autouse=True)(single_thread)
-
-PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7], [3, 9, 4, 9, 3, 9, 4, 9, 3, 9, 4], [11], list(range(5, 30))]
+from tiny import PROMPTS, ChainOnly, run, tiny_backend
 
 
 @pytest.mark.parametrize("seed", range(2))

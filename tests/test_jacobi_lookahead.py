@@ -24,15 +24,8 @@ from paradecode.errors import ParadecodeError
 from paradecode.registry import get_method
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import probabilities, sample, uniform
-from tiny import run, tiny_backend, tiny_llama
+from tiny import PROMPTS, run, tiny_llama
 
-PROMPTS = [
-    [1, 2, 3, 4, 5, 1, 2, 3],
-    [7, 7, 7, 7],
-    [3, 9, 4, 9, 3, 9, 4, 9, 3, 9, 4],
-    [11],
-    list(range(5, 30)),
-]
 
 
 class ChainOnlyBackend(LlamaBackend):
@@ -50,13 +43,6 @@ LOOKAHEAD = [("lookahead", {}, False), ("lookahead", {"W": 1, "N": 3, "G": 1}, F
 METHODS = JACOBI + LOOKAHEAD
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and threads on a busy machine cost a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @lru_cache(maxsize=None)

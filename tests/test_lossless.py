@@ -7,15 +7,8 @@ unrelated random draft model rejects nearly everything: both paths are exercised
 
 import pytest
 
-from tiny import run, tiny_backend
+from tiny import PROMPTS, run, tiny_backend
 
-PROMPTS = [
-    [1, 2, 3, 4, 5, 1, 2, 3],
-    [7, 7, 7, 7],
-    [3, 9, 4, 9, 3, 9, 4, 9, 3, 9, 4],
-    [11],
-    list(range(5, 30)),
-]
 LOSSLESS = [("pld", {}), ("pld", {"num_draft": 2, "max_ngram": 1}), ("pld", {"num_draft": 10, "max_ngram": 5}),
             ("draft", {"num_draft": 3}), ("draft-self", {"num_draft": 5})]
 

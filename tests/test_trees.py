@@ -27,11 +27,9 @@ from paradecode.verify import verify_speculative
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import sample, uniform
 from paradecode.verify.tree import verify_tree
-from tiny import ChainOnly, run, single_thread, tiny_backend
+from tiny import PROMPTS, ChainOnly, run, tiny_backend
 
-_one_thread = pytest.fixture(scope="module", autouse=True)(single_thread)
 
-PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7], [3, 9, 4, 9, 3, 9, 4, 9, 3, 9, 4], [11], list(range(5, 30))]
 TREES = [
     ("pld-tree", {}),
     ("pld-tree", {"budget": 3, "candidates": 8, "min_ngram": 1, "max_ngram": 2}),

@@ -14,6 +14,11 @@ from paradecode.registry import get_method
 from paradecode.stats import DecodeStats
 
 
+# Token-id prompts for the lossless tests: a repeat (prompt lookup hits), a constant run, a period-4 pattern,
+# a single token, and 25 distinct tokens.
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 7, 7], [3, 9, 4, 9, 3, 9, 4, 9, 3, 9, 4], [11], list(range(5, 30))]
+
+
 def tiny_llama(seed: int = 0, vocab: int = 48, layers: int = 2, sharp: float = 1.0) -> transformers.LlamaForCausalLM:
     """A random Llama; ``sharp`` scales the LM head so argmax choices are robust (and text repeats more)."""
     torch.manual_seed(seed)
@@ -80,11 +85,3 @@ class ChainOnly:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-def single_thread():
-    """Generator for a module fixture: tiny models run fastest on one thread (and share a busy CPU better)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
 from paradecode.config import SamplingConfig
 from paradecode.errors import ParadecodeError
 from paradecode.verify.base import Verdict
+from paradecode.verify.sampling import draw_draft_token
 
 
 @dataclass
@@ -81,6 +82,25 @@ class Drafter:
     def summary(self) -> dict:
         """Method-level notes for ``DecodeStats.info``."""
         return {}
+
+
+def draft_chain(next_logits: Callable[[list[int]], torch.Tensor], feed: list[int], length: int,
+                state: DecodeState) -> Proposal:
+    """A chain of up to ``length`` tokens from a drafting model, one token per call: ``next_logits(feed)``
+    runs the model on ``feed`` (the tokens it has not seen yet; then each drafted token in turn) and returns
+    the logits [V] after the last one. Greedy drafts take the argmax; sampled drafts are drawn from
+    q = probabilities(logits), and q goes back with the proposal for speculative sampling. Stops after EOS."""
+    drafts: list[int] = []
+    q_rows: list[torch.Tensor] = []
+    for _ in range(length):
+        token, q = draw_draft_token(next_logits(feed), state.sampling, state.rng)
+        if q is not None:
+            q_rows.append(q)
+        drafts.append(token)
+        if token in state.eos_ids:
+            break
+        feed = [token]
+    return Proposal(tokens=drafts, draft_probs=torch.stack(q_rows) if q_rows else None)
 
 
 def build_options(cls: type, raw: dict[str, Any]) -> Any:

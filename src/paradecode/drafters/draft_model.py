@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.base import DecodeState, Drafter, Proposal, draft_chain
 from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
-from paradecode.verify.sampling import draw_draft_token
 
 
 @dataclass(frozen=True)
@@ -66,23 +65,14 @@ class DraftModelDrafter(Drafter):
         shared = _common_prefix(self.cached, state.tokens)
         shared = min(shared, len(state.tokens) - 1)  # always feed the root to get its logits
         self.backend.rollback(shared)
-        self.cached = list(state.tokens)
-        feed = state.tokens[shared:]
-        drafts: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        for _ in range(length):
-            logits = self.backend.forward(torch.tensor(feed, dtype=torch.long)).logits[-1]  # [V]
-            self.draft_forward_passes += 1
-            token, q = draw_draft_token(logits, state.sampling, state.rng)
-            if q is not None:
-                q_rows.append(q)
-            drafts.append(token)
-            if token in state.eos_ids:
-                break
-            feed = [token]
-            self.cached.append(token)
-        self.cached = self.cached[: self.backend.cache_len]
-        return Proposal(tokens=drafts, draft_probs=torch.stack(q_rows) if q_rows else None)
+        proposal = draft_chain(self._next_logits, state.tokens[shared:], length, state)
+        # the draft cache now holds the committed tokens and every drafted token but the last (never fed)
+        self.cached = (list(state.tokens) + proposal.tokens)[: self.backend.cache_len]
+        return proposal
+
+    def _next_logits(self, feed: list[int]) -> torch.Tensor:
+        self.draft_forward_passes += 1
+        return self.backend.forward(torch.tensor(feed, dtype=torch.long)).logits[-1]  # [V]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.base import DecodeState, Drafter, Proposal, draft_chain
 from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
-from paradecode.verify.sampling import draw_draft_token
 
 
 @dataclass(frozen=True)
@@ -119,27 +118,19 @@ class LayerSkipDrafter(Drafter):
         return {"draft_layers": self.description}
 
     def _draft(self, state: DecodeState, length: int) -> Proposal:
-        target = state.target
         committed = len(state.tokens) - 1  # the cache holds every committed token but the root
-        feed = state.tokens[-1]
-        drafts: list[int] = []
-        q_rows: list[torch.Tensor] = []
         try:
-            for _ in range(length):
-                try:
-                    logits = target.forward(torch.tensor([feed], dtype=torch.long), **self.layer_args).logits[-1]  # [V]
-                except NotImplementedError:
-                    raise ParadecodeError(
-                        "method 'layerskip' needs a backend that can run a subset of the model's layers; this one "
-                        "cannot. Use the llama backend (--backend llama) with a Llama-family model."
-                    ) from None
-                self.draft_forward_passes += 1
-                feed, q = draw_draft_token(logits, state.sampling, state.rng)
-                if q is not None:
-                    q_rows.append(q)
-                drafts.append(feed)
-                if feed in state.eos_ids:
-                    break
+            return draft_chain(lambda feed: self._next_logits(state.target, feed), state.tokens[-1:], length, state)
         finally:
-            target.rollback(committed)  # drop the draft's partial keys/values; verification rewrites them
-        return Proposal(tokens=drafts, draft_probs=torch.stack(q_rows) if q_rows else None)
+            state.target.rollback(committed)  # drop the draft's partial keys/values; verification rewrites them
+
+    def _next_logits(self, target, feed: list[int]) -> torch.Tensor:
+        try:
+            logits = target.forward(torch.tensor(feed, dtype=torch.long), **self.layer_args).logits[-1]  # [V]
+        except NotImplementedError:
+            raise ParadecodeError(
+                "method 'layerskip' needs a backend that can run a subset of the model's layers; this one "
+                "cannot. Use the llama backend (--backend llama) with a Llama-family model."
+            ) from None
+        self.draft_forward_passes += 1
+        return logits

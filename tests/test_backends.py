@@ -31,37 +31,20 @@ LLAMA3_ROPE = {
 }
 
 
+# the shape every tiny test model here shares (Llama and Gemma-3 alike)
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.1)
+
+
 def tiny_llama(**overrides) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.1,
-    )
-    return LlamaForCausalLM(LlamaConfig(**{**config, **overrides})).eval()
+    return LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides})).eval()
 
 
 def tiny_gemma3() -> Gemma3ForCausalLM:
     """Sliding window 4 on layer 0, so sequences of 10+ tokens exercise the window."""
     torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"],
-        initializer_range=0.1,
-    )
+    config = Gemma3TextConfig(**TINY, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     return Gemma3ForCausalLM(config).eval()
 
 

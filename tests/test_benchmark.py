@@ -286,12 +286,14 @@ def test_second_turn_holds_the_models_own_first_answer(tmp_path, capsys, tiny_mo
 
 def test_encode_takes_text_conversations_and_ids(tiny_model):
     tok = TinyTokenizer()
-    conversation = [dict(role="user", content="hi"), dict(role="assistant", content="yo"), dict(role="user", content="?")]
-    assert tiny_model.encode(conversation) == tiny_model.encode_chat(conversation) == tok.apply_chat_template(conversation)
+    conversation = [dict(role="user", content="hi"), dict(role="assistant", content="yo"),
+                    dict(role="user", content="?")]
+    expected = tok.apply_chat_template(conversation)
+    assert tiny_model.encode(conversation) == tiny_model.encode_chat(conversation) == expected
     assert tiny_model.encode("hi") == tok.apply_chat_template(conversation[:1])
     assert tiny_model.encode("hi", chat=False) == tok.encode("hi")
     assert tiny_model.encode([5, 6]) == [5, 6]
-    assert tiny_model.generate(conversation, max_new_tokens=3).prompt_token_ids == tok.apply_chat_template(conversation)
+    assert tiny_model.generate(conversation, max_new_tokens=3).prompt_token_ids == expected
     for bad, message in (([], "conversation is empty"), ([dict(role="user")], "message 0"),
                          ([dict(role="user", content="a"), "b"], "message 1")):
         with pytest.raises(ParadecodeError, match=message):

@@ -7,19 +7,10 @@ unrelated random draft model rejects nearly everything: both paths are exercised
 
 import pytest
 
-from tiny import PROMPTS, run, tiny_backend
+from tiny import PROMPTS, run, run_case, tiny_backend
 
 LOSSLESS = [("pld", {}), ("pld", {"num_draft": 2, "max_ngram": 1}), ("pld", {"num_draft": 10, "max_ngram": 5}),
             ("draft", {"num_draft": 3}), ("draft-self", {"num_draft": 5})]
-
-
-def _run(backend, method, prompt, options, **kwargs):
-    if method == "draft":
-        return run(backend, "draft", prompt, draft_backend=tiny_backend(99, sharp=4.0), **options, **kwargs)
-    if method == "draft-self":  # the target as its own draft: every draft token is accepted
-        return run(backend, "draft", prompt, draft_backend=tiny_backend(kwargs.pop("seed_model"), sharp=4.0),
-                   **options, **kwargs)
-    return run(backend, method, prompt, **options, **kwargs)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -29,8 +20,7 @@ def test_greedy_equals_autoregressive(seed, method, options):
     for prompt in PROMPTS:
         for max_new in (1, 7, 40):
             expected, _ = run(backend, "ar", prompt, max_new_tokens=max_new)
-            extra = {"seed_model": seed} if method == "draft-self" else {}
-            got, stats = _run(backend, method, prompt, options, max_new_tokens=max_new, **extra)
+            got, stats = run_case(backend, method, prompt, options, max_new_tokens=max_new, model_seed=seed)
             assert got == expected, (method, options, seed, prompt, max_new)
             assert stats.new_tokens == len(got) == max_new  # no EOS configured: the budget is used exactly
             assert stats.forward_passes == len(stats.steps) <= max_new
@@ -55,8 +45,7 @@ def test_eos_inside_a_draft_stops_like_autoregressive(seed, method, options):
             eos = reference[eos_at]
             expected, ar_stats = run(backend, "ar", prompt, max_new_tokens=30, eos_ids=[eos])
             assert expected[-1] == eos and eos not in expected[:-1] and ar_stats.stop_reason == "eos"
-            extra = {"seed_model": seed} if method == "draft-self" else {}
-            got, stats = _run(backend, method, prompt, options, max_new_tokens=30, eos_ids=[eos], **extra)
+            got, stats = run_case(backend, method, prompt, options, max_new_tokens=30, eos_ids=[eos], model_seed=seed)
             assert got == expected and stats.stop_reason == "eos"
 
 
@@ -70,8 +59,7 @@ def test_stop_strings_cut_drafts_like_autoregressive(seed, method, options):
         stop = f"t{reference[at]} t{reference[at + 1]} "  # a stop string spanning two tokens
         expected, ar_stats = run(backend, "ar", prompt, max_new_tokens=30, stop=[stop])
         assert ar_stats.stop_reason == "stop" and stop in "".join(f"t{t} " for t in expected)
-        extra = {"seed_model": seed} if method == "draft-self" else {}
-        got, stats = _run(backend, method, prompt, options, max_new_tokens=30, stop=[stop], **extra)
+        got, stats = run_case(backend, method, prompt, options, max_new_tokens=30, stop=[stop], model_seed=seed)
         assert got == expected and stats.stop_reason == "stop"
 
 
@@ -99,6 +87,5 @@ def test_context_limit_stops_like_autoregressive(method, options):
     backend = LlamaBackend.from_hf(tiny_llama(4, sharp=4.0), max_length=37)
     expected, ar_stats = run(backend, "ar", PROMPTS[1], max_new_tokens=100)
     assert ar_stats.stop_reason == "context" and len(PROMPTS[1]) + len(expected) == 37
-    extra = {"seed_model": 4} if method == "draft-self" else {}
-    got, stats = _run(backend, method, PROMPTS[1], options, max_new_tokens=100, **extra)
+    got, stats = run_case(backend, method, PROMPTS[1], options, max_new_tokens=100, model_seed=4)
     assert got == expected and stats.stop_reason == "context"

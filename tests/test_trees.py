@@ -27,7 +27,7 @@ from paradecode.verify import verify_speculative
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import sample, uniform
 from paradecode.verify.tree import verify_tree
-from tiny import PROMPTS, ChainOnly, run, tiny_backend
+from tiny import PROMPTS, ChainOnly, run, run_case, tiny_backend
 
 
 TREES = [
@@ -41,14 +41,6 @@ TREES = [
 ]
 
 
-def _run(backend, method, prompt, options, seed=0, **kwargs):
-    if method == "draft-tree":  # an unrelated draft model: many rejections
-        return run(backend, method, prompt, draft_backend=tiny_backend(99, sharp=4.0), **options, **kwargs)
-    if method == "draft-tree-self":  # the target as its own draft: long accepted paths
-        return run(backend, "draft-tree", prompt, draft_backend=tiny_backend(seed, sharp=4.0), **options, **kwargs)
-    return run(backend, method, prompt, **options, **kwargs)
-
-
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("method,options", TREES)
 def test_greedy_trees_equal_autoregressive(seed, method, options):
@@ -56,7 +48,7 @@ def test_greedy_trees_equal_autoregressive(seed, method, options):
     for prompt in PROMPTS:
         for max_new in (1, 7, 40):
             expected, _ = run(backend, "ar", prompt, max_new_tokens=max_new)
-            got, stats = _run(backend, method, prompt, options, seed=seed, max_new_tokens=max_new)
+            got, stats = run_case(backend, method, prompt, options, model_seed=seed, max_new_tokens=max_new)
             assert got == expected, (method, options, seed, prompt, max_new)
             assert stats.new_tokens == max_new and stats.forward_passes == len(stats.steps) <= max_new
 
@@ -67,7 +59,7 @@ def test_trees_are_proposed_and_accepted(method, options):
     for seed in range(2):
         backend = tiny_backend(seed, sharp=4.0)
         for prompt in PROMPTS[:3]:
-            _, stats = _run(backend, method, prompt, options, seed=seed, max_new_tokens=40)
+            _, stats = run_case(backend, method, prompt, options, model_seed=seed, max_new_tokens=40)
             tree_steps = [s for s in stats.steps if s.parents is not None]
             trees += len(tree_steps)
             accepted_trees += sum(1 for s in tree_steps if s.accepted)
@@ -85,7 +77,7 @@ def test_eos_inside_a_tree_stops_like_autoregressive(seed, method, options):
         for eos_at in (0, 3, 11):
             eos = reference[eos_at]
             expected, _ = run(backend, "ar", prompt, max_new_tokens=30, eos_ids=[eos])
-            got, stats = _run(backend, method, prompt, options, seed=seed, max_new_tokens=30, eos_ids=[eos])
+            got, stats = run_case(backend, method, prompt, options, model_seed=seed, max_new_tokens=30, eos_ids=[eos])
             assert got == expected and stats.stop_reason == "eos"
 
 
@@ -100,11 +92,11 @@ def test_stop_strings_and_context_limit_like_autoregressive(method, options):
         for at in (2, 9):
             stop = f"t{reference[at]} t{reference[at + 1]} "
             expected, _ = run(backend, "ar", PROMPTS[2], max_new_tokens=30, stop=[stop])
-            got, stats = _run(backend, method, PROMPTS[2], options, seed=seed, max_new_tokens=30, stop=[stop])
+            got, stats = run_case(backend, method, PROMPTS[2], options, model_seed=seed, max_new_tokens=30, stop=[stop])
             assert got == expected and stats.stop_reason == "stop"
         short = LlamaBackend.from_hf(tiny_llama(seed, sharp=4.0), max_length=37)
         expected, _ = run(short, "ar", PROMPTS[1], max_new_tokens=100)
-        got, stats = _run(short, method, PROMPTS[1], options, seed=seed, max_new_tokens=100)
+        got, stats = run_case(short, method, PROMPTS[1], options, model_seed=seed, max_new_tokens=100)
         assert got == expected and stats.stop_reason == "context"
 
 
@@ -118,7 +110,7 @@ def test_chain_fallback_when_a_backend_verifies_chains_only(method, options):
                 got, stats = run(target, "draft-tree", prompt, max_new_tokens=40,
                                  draft_backend=ChainOnly(tiny_backend(99, sharp=4.0)))
             else:
-                got, stats = _run(ChainOnly(target), method, prompt, options, max_new_tokens=40)
+                got, stats = run_case(ChainOnly(target), method, prompt, options, max_new_tokens=40)
             assert got == expected
             assert all(s.parents is None for s in stats.steps) and stats.drafted_tokens > 0
 

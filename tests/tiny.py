@@ -59,6 +59,17 @@ def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eo
 WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(46)]
 
 
+def run_case(backend, case: str, prompt: list[int], options: dict, *, model_seed: int = 0,
+             **kwargs) -> tuple[list[int], DecodeStats]:
+    """``run`` for a lossless-test case: a method name, where ``draft`` and ``draft-tree`` draft with an unrelated
+    tiny model (many rejections), and ``METHOD-self`` runs METHOD drafting with the target's own weights (seed
+    ``model_seed``: long accepted paths)."""
+    method, self_draft = (case[: -len("-self")], True) if case.endswith("-self") else (case, False)
+    if self_draft or method in ("draft", "draft-tree"):
+        kwargs["draft_backend"] = tiny_backend(model_seed if self_draft else 99, sharp=4.0)
+    return run(backend, method, prompt, **options, **kwargs)
+
+
 def tiny_model_dir(path, seed: int = 0, words: list[str] = WORDS, max_positions: int = 256):
     """A tiny random Llama saved as a Hugging Face model directory, with a word-level tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders

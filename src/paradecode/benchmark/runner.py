@@ -32,10 +32,7 @@ class MethodSpec:
     name: str  # the label in records and reports: the method's name, or LABEL of a LABEL=METHOD variant
     peer: type[Peer] | None  # None: a registered paradecode method
     options: dict[str, Any]  # raw values, validated against the method's Options
-    method: str = ""  # the registered method or peer that runs (defaults to ``name``)
-
-    def __post_init__(self) -> None:
-        self.method = self.method or self.name
+    method: str  # the registered method or peer that runs (``name`` itself unless a variant)
 
 
 def parse_method(entry: str) -> tuple[str, str]:
@@ -244,7 +241,8 @@ def run_all(
     progress: bool = True,
 ) -> list[dict]:
     """Warm up every method, then run the (question, method) pairs not in ``done``, interleaved per question,
-    questions in ``round_robin`` order (one of each category per round). Returns every record, old and new; a KeyboardInterrupt propagates after the finished ones are logged."""
+    questions in ``round_robin`` order (one of each category per round). Returns every record, old and new;
+    a KeyboardInterrupt propagates after the finished ones are logged."""
     from tqdm import tqdm
 
     records = list(done)

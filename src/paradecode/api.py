@@ -16,11 +16,13 @@ from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.drafters.base import Drafter
 from paradecode.engine import decode
 from paradecode.errors import ParadecodeError
-from paradecode.models import DEFAULT_MODEL, resolve
+from paradecode.models import DEFAULT_MODEL, default_dtype, resolve
+from paradecode.quality import calibration_ids
 from paradecode.registry import get_method
 from paradecode.stats import DecodeStats
 
 BACKENDS = ("auto", "llama", "hf")
+DTYPES = ("auto", "fp32", "int8")  # auto: int8 where its measured quality passes the bar (models.default_dtype)
 
 
 @dataclass
@@ -38,18 +40,27 @@ def load(
     model: str = DEFAULT_MODEL,
     *,
     backend: str = "auto",
+    dtype: str = "auto",
     max_length: int | None = None,
     cache_dir: str | Path | None = None,
 ) -> "Model":
-    """Load a built-in model name, a ``.gguf`` path or a local Hugging Face model directory."""
+    """Load a built-in model name, a ``.gguf`` path or a local Hugging Face model directory.
+
+    ``dtype``: ``fp32`` (the checkpoint's weights, agrees with transformers), ``int8`` (our Llama backend's int8
+    weights and activations, see ``paradecode.backends.int8``), or ``auto``: int8 for models whose int8 quality
+    was measured within 1% perplexity of fp32 (``paradecode models`` lists the figures), fp32 otherwise."""
     from transformers import AutoTokenizer
 
     if backend not in BACKENDS:
         raise ParadecodeError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
+    if dtype not in DTYPES:
+        raise ParadecodeError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}.")
     model_dir, chat = resolve(model, cache_dir)
+    if dtype == "auto":
+        dtype = default_dtype(model, backend)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        runner = _make_backend(model_dir, backend, max_length)
+        runner = _make_backend(model_dir, backend, max_length, dtype, tokenizer, cache_dir)
     except ParadecodeError:
         raise
     except Exception as error:
@@ -60,10 +71,12 @@ def load(
                  cache_dir=cache_dir)
 
 
-def _make_backend(model_dir: Path, backend: str, max_length: int | None):
+def _make_backend(model_dir: Path, backend: str, max_length: int | None, dtype: str, tokenizer, cache_dir):
     config = json.loads((model_dir / "config.json").read_text())
     if backend == "auto":
         backend = "llama" if config.get("model_type") == "llama" else "hf"
+    if backend == "hf" and dtype != "fp32":
+        raise ParadecodeError(f"dtype {dtype} runs on the llama backend only; the hf backend runs fp32.")
     if backend == "llama":
         from paradecode.backends.llama import LlamaBackend
 
@@ -72,6 +85,8 @@ def _make_backend(model_dir: Path, backend: str, max_length: int | None):
                 f"the llama backend runs Llama-family models only; this one is {config.get('model_type')!r}: "
                 "use --backend hf."
             )
+        if dtype == "int8":
+            return _load_int8(model_dir, max_length, tokenizer, cache_dir)
         return LlamaBackend.from_pretrained(model_dir, max_length=max_length)
     import torch
     from transformers import AutoModelForCausalLM
@@ -79,6 +94,37 @@ def _make_backend(model_dir: Path, backend: str, max_length: int | None):
     from paradecode.backends.hf import HFBackend
 
     return HFBackend(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), max_length=max_length)
+
+
+def _load_int8(model_dir: Path, max_length: int | None, tokenizer, cache_dir):
+    """The int8 backend; its quantized weights are cached after the first load (calibration and the weight
+    clipping search take ~20 s, reading them back well under a second)."""
+    import hashlib
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from paradecode.backends import int8
+    from paradecode.backends.llama import LlamaBackend
+    from paradecode.models import cache_root
+
+    weights = model_dir / "model.safetensors"
+    calibration = calibration_ids(tokenizer)
+    key = hashlib.sha256(json.dumps([str(weights.resolve()), weights.stat().st_size, weights.stat().st_mtime_ns,
+                                     int8.FORMAT, calibration]).encode()).hexdigest()[:16]
+    path = cache_root(cache_dir) / "int8" / f"{model_dir.name}-{key}.safetensors"
+    if path.is_file():
+        return LlamaBackend.from_pretrained(model_dir, max_length=max_length, dtype="int8",
+                                            int8_state=load_file(path))
+    backend = LlamaBackend.from_pretrained(model_dir, max_length=max_length, dtype="int8", calibration=calibration)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".{os.getpid()}.tmp")
+        save_file(int8.export_state(backend), staging)
+        staging.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the next load the same ~20 s
+    return backend
 
 
 class Model:
@@ -94,6 +140,23 @@ class Model:
         self.eos_ids = _eos_ids(tokenizer, self.model_dir)
         self._draft_backends: dict[str, Any] = {}
         self._hf_model = None
+        self._cost_curve: dict[int, float] | None = None
+
+    @property
+    def dtype(self) -> str:
+        return getattr(self.backend, "dtype", "fp32")
+
+    @property
+    def cost_curve(self) -> dict[int, float]:
+        """Relative time of a forward over T = 1, 2, 4, 8, 16 new tokens on this backend and machine (T=1 -> 1),
+        measured on first use (about a second) and kept in the cache per machine; the ``cost`` schedule uses it."""
+        if self._cost_curve is None:
+            from paradecode.models import cache_root
+            from paradecode.profile import cached_curve, relative
+
+            key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}"
+            self._cost_curve = relative(cached_curve(self.backend, cache_root(self.cache_dir), key))
+        return self._cost_curve
 
     # -- text <-> tokens -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[dict], chat: bool | None = None) -> list[int]:
@@ -183,6 +246,7 @@ class Model:
         options = dict(options or {})
         if draft_model is not None:
             options["draft_model"] = draft_model
+        self.cost_curve  # measured (once per machine) before any request holds the cache
         drafter = self.drafter(method, options)
         if not config.sampling.greedy and not drafter.lossless_sampling:
             raise ParadecodeError(

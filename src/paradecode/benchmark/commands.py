@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from paradecode.cli import load_model
 from paradecode.errors import ParadecodeError
 
 
@@ -57,12 +58,6 @@ def add_commands(commands) -> None:
     trace.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
     trace.add_argument("--out", default="trace.html", help="HTML file to write (default: trace.html)")
     trace.set_defaults(run=run_trace)
-
-
-def load_model(args: argparse.Namespace):
-    import paradecode
-
-    return paradecode.load(args.model, backend=args.backend, cache_dir=args.cache_dir)
 
 
 def run_bench(args: argparse.Namespace) -> int:

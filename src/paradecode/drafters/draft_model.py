@@ -48,7 +48,8 @@ class DraftModelDrafter(Drafter):
     def begin(self, state: DecodeState) -> None:
         self.backend.reset()
         self.cached = []
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft)
+        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
+                                      self.context)
 
     def propose(self, state: DecodeState) -> Proposal:
         proposal = self._draft(state, self.schedule.length())

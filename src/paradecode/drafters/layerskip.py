@@ -102,7 +102,8 @@ class LayerSkipDrafter(Drafter):
                 raise ParadecodeError(f"layerskip exit_layer is {exit_layer}, but the model has {total} layers.")
             self.layer_args = {"exit_layer": exit_layer}
             self.description = f"first {exit_layer} of {total} layers"
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft)
+        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
+                                      self.context)
         self.draft_forward_passes = 0
 
     def propose(self, state: DecodeState) -> Proposal:

@@ -64,7 +64,8 @@ class PromptLookupDrafter(Drafter):
 
     def begin(self, state: DecodeState) -> None:
         self.index = NgramIndex(self.options.min_ngram, self.options.max_ngram)
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft)
+        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
+                                      self.context)
 
     def propose(self, state: DecodeState) -> Proposal:
         length = min(self.schedule.length(), state.max_draft)

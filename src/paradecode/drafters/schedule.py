@@ -134,13 +134,16 @@ class CostCurve:
     often is predicted by its own mean (CPU matmul kernels are not linear in T: on some builds 2 or 3 rows
     cost more than 4), one seen rarely or never by the line."""
 
-    PRIOR_SLOPE = 0.1  # a CPU forward over 10 tokens costs about twice a 1-token forward
+    PRIOR_SLOPE = 0.1  # without a measured shape: a forward over 10 tokens costs about twice a 1-token one
     PRIOR_WEIGHT = 2.0
     MAX_WEIGHT = 8.0  # a bucket's weight in the fit saturates, so the line follows every T seen
 
-    def __init__(self) -> None:
+    def __init__(self, shape: dict[int, float] | None = None) -> None:
         self.mean: dict[int, float] = {}  # T -> mean seconds
         self.count: dict[int, int] = {}
+        # The backend's measured cost of T tokens relative to one (``paradecode.profile``): when given, the
+        # prior is base * shape(T), base fitted to this request's steps, instead of the line.
+        self.shape = dict(sorted(shape.items())) if shape else None
 
     @property
     def empty(self) -> bool:
@@ -157,15 +160,33 @@ class CostCurve:
         self.count[tokens] = n + 1
 
     def predictions(self, upto: int) -> list[float]:
-        """Predicted seconds for T = 1 .. upto: each T's own mean blended with the line by their weights."""
-        base, slope = self.line()
+        """Predicted seconds for T = 1 .. upto: each T's own mean blended with the prior (the measured shape
+        scaled to this request, else the fitted line) by their weights."""
+        if self.shape:
+            points = [(min(self.count[t], self.MAX_WEIGHT), self.shape_at(t), y) for t, y in self.mean.items()]
+            base = sum(w * x * y for w, x, y in points) / sum(w * x * x for w, x, _ in points)
+            prior = [base * self.shape_at(t) for t in range(1, upto + 1)]
+        else:
+            base, slope = self.line()
+            prior = [base + slope * (t - 1) for t in range(1, upto + 1)]
         predicted = []
-        for tokens in range(1, upto + 1):
+        for tokens, line in zip(range(1, upto + 1), prior):
             n = min(self.count.get(tokens, 0), self.MAX_WEIGHT)
-            line = base + slope * (tokens - 1)
             mean = self.mean.get(tokens, line)
             predicted.append((n * mean + self.PRIOR_WEIGHT * line) / (n + self.PRIOR_WEIGHT))
         return predicted
+
+    def shape_at(self, tokens: int) -> float:
+        """The measured relative cost at T, linear between measured sizes and along the last segment beyond."""
+        sizes = list(self.shape)
+        if tokens in self.shape:
+            return self.shape[tokens]
+        if len(sizes) == 1:
+            return self.shape[sizes[0]]
+        i = next((i for i, t in enumerate(sizes) if t > tokens), len(sizes) - 1)
+        lo, hi = sizes[max(i - 1, 0)], sizes[max(i, 1)]
+        slope = (self.shape[hi] - self.shape[lo]) / (hi - lo)
+        return max(self.shape[lo] + slope * (tokens - lo), 1e-9)
 
     def line(self) -> tuple[float, float]:
         """(base, slope) minimising sum w (y - base - slope x)^2 + P (slope - r base)^2, with x = T - 1."""
@@ -190,10 +211,10 @@ class CostCurve:
 
 
 class CostSchedule(DraftSchedule):
-    def __init__(self, num_draft: int, max_num_draft: int) -> None:
+    def __init__(self, num_draft: int, max_num_draft: int, shape: dict[int, float] | None = None) -> None:
         super().__init__(num_draft, max_num_draft)
         self.profile = AcceptanceProfile(max_num_draft)
-        self.curve = CostCurve()
+        self.curve = CostCurve(shape)
         self.draft_seconds: float | None = None  # running mean time per drafted token
         self.idle_steps = 0  # steps in a row that drafted nothing by choice
         self.probe_after = FIRST_PROBE  # idle steps before the next probe
@@ -262,5 +283,8 @@ class CostSchedule(DraftSchedule):
 _KINDS = {"fixed": DraftSchedule, "heuristic": HeuristicSchedule, "cost": CostSchedule}
 
 
-def make_schedule(kind: str, num_draft: int, max_num_draft: int) -> DraftSchedule:
+def make_schedule(kind: str, num_draft: int, max_num_draft: int, context=None) -> DraftSchedule:
+    """A schedule; ``cost`` takes the verify cost curve of the context's backend (``Model.cost_curve``)."""
+    if kind == "cost":
+        return CostSchedule(num_draft, max_num_draft, getattr(context, "cost_curve", None))
     return _KINDS[kind](num_draft, max_num_draft)

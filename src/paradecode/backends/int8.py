@@ -1,0 +1,235 @@
+"""int8 projections for the Llama backend: int8 weights per output channel, int8 activations per token.
+
+    y[t, n] = sum_k x[t, k] W[n, k]
+            ~ a[t] s[n] sum_k round(127 x[t, k] / a[t]) round(127 W[n, k] / s[n]) / 127^2   (int8 x int8 -> int32)
+
+``a[t] = max_k |x[t, k]|`` is taken per token at run time, ``s[n]`` per output channel at load (the clipping
+that minimises the row's squared rounding error, searched over a few ratios of its max). The integer sum is
+exact and every row is quantized on its own, so a token's output does not depend on the other tokens of the
+forward pass: verifying 8 draft tokens gives each row the logits a one-token forward gives it, which keeps
+speculative decoding on this backend equal to plain decoding. (A per-tensor activation scale, as PyTorch's
+dynamic quantized linear uses, would tie the rows together.)
+
+A few input channels carry values 10-100x the rest for every token (after the MLP's ``silu(gate) * up`` most),
+and would flatten the other channels to a handful of levels. SmoothQuant moves that range into the weights:
+input channel k is divided by ``m[k] = amax_x[k]^alpha / amax_W[k]^(1 - alpha)`` and the weight's column k
+multiplied by it. The product is unchanged and the division is folded into what produces x — the RMSNorm
+weights before q/k/v, gate/up and the LM head, the ``up`` rows before ``down``, the ``v`` rows before ``o`` —
+so it costs nothing at run time. ``amax_x`` comes from one fp32 pass over calibration text at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+FORMAT = 1  # bump when the quantized state changes meaning (invalidates cached int8 weights)
+CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.8, 0.75)  # weight scale candidates, as fractions of the max
+SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength; 0.5 measured best of 0.4 / 0.5 / 0.6 / 0.7 on SmolLM2
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> ([N, K] int8, [N] float32 scale s[n] / 127), per output channel, clipped for least error."""
+    weight = weight.float()
+    amax = weight.abs().amax(dim=1).clamp_min(1e-12)  # [N]
+    best_scale, best_error = None, None
+    for ratio in CLIP_RATIOS:
+        scale = amax * (ratio / 127.0)  # [N]
+        error = (((weight / scale[:, None]).round().clamp(-127, 127) * scale[:, None] - weight) ** 2).sum(1)
+        if best_error is None:
+            best_scale, best_error = scale, error
+        else:
+            better = error < best_error
+            best_scale, best_error = torch.where(better, scale, best_scale), torch.minimum(error, best_error)
+    q = (weight / best_scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, best_scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K] float -> ([T, K] int8, [T, 1] float a[t] / 127): symmetric, one scale per row."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(1e-12)  # [T, 1]
+    q = torch.mul(x, 127.0 / amax).round_().to(torch.int8)  # |x * 127 / amax| <= 127: no clamp needed
+    return q, amax.div_(127.0)
+
+
+@dataclass
+class Int8Linear:
+    """``x @ W.T + b`` with int8 weights and per-token int8 activations; the call signature of ``_Linear``."""
+
+    weight: torch.Tensor  # [N, K] int8 contiguous, used through its [K, N] transpose view
+    scale: torch.Tensor  # [N] float32 per-output-channel scale
+    bias: torch.Tensor | None  # [N] float32
+    weight_t: torch.Tensor | None = None  # [K, N] int8 contiguous: the faster layout for many rows of a wide head
+    precise: bool = False  # activations as int8 + int8 residual (about 15 bits), for outlier-heavy inputs
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False,
+                   precise: bool = False) -> Int8Linear:
+        q, scale = quantize_weight(weight)
+        return cls(q, scale, None if bias is None else bias.float(), q.t().contiguous() if wide else None, precise)
+
+    def __call__(self, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
+        """x [T, K] -> [T, N] float32."""
+        t = x.shape[0]
+        q, row_scale = quantize_rows(x)  # [T, K], [T, 1]
+        if self.precise:  # x = q * row_scale + residual; the residual's own int8 rows ride in the same matmul
+            q_res, res_scale = quantize_rows(x - q * row_scale)
+            q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
+        weight = self.weight_t if self.weight_t is not None and q.shape[0] > 1 else self.weight.t()
+        out = torch.mul(torch._int_mm(q, weight), self.scale).mul_(row_scale)  # int32 [T', N] -> float32
+        if self.precise:
+            out = out[:t].add_(out[t:])
+        return out if self.bias is None else out.add_(self.bias)
+
+    wide = __call__
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
+        """residual [T, N] + projection of x [T, K]."""
+        return self(x).add_(residual)
+
+
+class ChannelRecorder:
+    """Wraps a projection during calibration: records each input channel's largest magnitude."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.amax: torch.Tensor | None = None  # [K]
+
+    def _see(self, x: torch.Tensor) -> None:
+        seen = x.detach().abs().amax(dim=0).float()
+        self.amax = seen if self.amax is None else torch.maximum(self.amax, seen)
+
+    def __call__(self, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
+        self._see(x)
+        return self.inner(x, few_rows)
+
+    def wide(self, x: torch.Tensor) -> torch.Tensor:
+        self._see(x)
+        return self.inner.wide(x)
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
+        self._see(x)
+        return self.inner.add_to(residual, x, few_rows)
+
+
+def smoothing(act_amax: torch.Tensor, weight: torch.Tensor, alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
+    """[K] SmoothQuant factors m for a projection with [N, K] ``weight`` whose inputs reach ``act_amax`` [K]."""
+    weight_amax = weight.abs().amax(dim=0).float().clamp_min(1e-5)  # [K]
+    return (act_amax.clamp_min(1e-5) ** alpha / weight_amax ** (1 - alpha)).clamp(1e-3, 1e3)
+
+
+def grouped_smoothing(act_amax: torch.Tensor, weight: torch.Tensor, heads: int, kv_heads: int,
+                      head_dim: int) -> torch.Tensor:
+    """Factors for ``o``, folded into ``v``: query heads that share a kv head must share their factors, so the
+    statistics are pooled over each group first. Returns [kv_heads * head_dim]."""
+    group = heads // kv_heads
+    pooled_act = act_amax.view(kv_heads, group, head_dim).amax(1)  # [Hkv, hd]
+    pooled_w = weight.abs().amax(dim=0).float().view(kv_heads, group, head_dim).amax(1)  # [Hkv, hd]
+    m = pooled_act.clamp_min(1e-5) ** SMOOTH_ALPHA / pooled_w.clamp_min(1e-5) ** (1 - SMOOTH_ALPHA)
+    return m.clamp(1e-3, 1e3).reshape(-1)
+
+
+def expand_groups(m: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """[Hkv * hd] per-kv-head factors -> [Hq * hd], each query head taking its kv head's."""
+    return m.view(kv_heads, 1, head_dim).expand(kv_heads, heads // kv_heads, head_dim).reshape(-1)
+
+
+def calibrate(forward, layers: Sequence, token_ids: Sequence[Sequence[int]]) -> list[dict[str, torch.Tensor]]:
+    """Run ``forward`` on each token sequence with recorders on every layer's projections; returns each
+    layer's input channel amax for qkv, o, gate_up and down."""
+    names = ("qkv", "o", "gate_up", "down")
+    recorders = [{name: ChannelRecorder(getattr(layer, name)) for name in names} for layer in layers]
+    for layer, recs in zip(layers, recorders):
+        for name, rec in recs.items():
+            setattr(layer, name, rec)
+    try:
+        for ids in token_ids:
+            forward(ids)
+    finally:
+        for layer, recs in zip(layers, recorders):
+            for name, rec in recs.items():
+                setattr(layer, name, rec.inner)
+    return [{name: rec.amax for name, rec in recs.items()} for recs in recorders]
+
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+PRECISE = ("down",)  # projections whose activations get the int8 + residual treatment (and the LM head)
+
+
+def quantize_backend(backend, calibration: Sequence[Sequence[int]]) -> None:
+    """Replace a fp32 ``LlamaBackend``'s projections and LM head with ``Int8Linear``, SmoothQuant factors
+    (from one pass over ``calibration``) folded into the norms and the producing projections."""
+    if not calibration:
+        raise ValueError("int8 needs calibration text: at least one token sequence")
+
+    def run(ids: Sequence[int]) -> None:
+        backend.reset()
+        backend.forward(torch.tensor(list(ids)[: backend.max_length], dtype=torch.long))
+
+    head = backend._lm_head = ChannelRecorder(backend._lm_head)
+    try:
+        stats = calibrate(run, backend._layers, calibration)
+    finally:
+        backend._lm_head = head.inner
+        backend.reset()
+    s = backend.shape
+    hq, hkv, hd, inter = s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size
+    v_rows = slice((hq + hkv) * hd, (hq + 2 * hkv) * hd)
+    for layer, amax in zip(backend._layers, stats):
+        qkv_w, qkv_b = layer.qkv.weight.clone(), _clone(layer.qkv.bias)  # [(Hq + 2Hkv) hd, D]
+        gate_up_w, gate_up_b = layer.gate_up.weight.clone(), _clone(layer.gate_up.bias)  # [2I, D]
+        o_w, down_w = layer.o.weight, layer.down.weight
+        m = smoothing(amax["qkv"], qkv_w)  # [D], into the attention norm
+        layer.attn_norm, qkv_w = layer.attn_norm / m, qkv_w * m
+        m = smoothing(amax["gate_up"], gate_up_w)  # [D], into the MLP norm
+        layer.mlp_norm, gate_up_w = layer.mlp_norm / m, gate_up_w * m
+        m = smoothing(amax["down"], down_w)  # [I], into the up rows
+        gate_up_w[inter:] /= m[:, None]
+        if gate_up_b is not None:
+            gate_up_b[inter:] /= m
+        down_w = down_w * m
+        m = grouped_smoothing(amax["o"], o_w, hq, hkv, hd)  # [Hkv hd], into the v rows
+        qkv_w[v_rows] /= m[:, None]
+        if qkv_b is not None:
+            qkv_b[v_rows] /= m
+        o_w = o_w * expand_groups(m, hq, hkv, hd)
+        weights = dict(qkv=(qkv_w, qkv_b), o=(o_w, layer.o.bias), gate_up=(gate_up_w, gate_up_b),
+                       down=(down_w, layer.down.bias))
+        for name, (weight, bias) in weights.items():
+            setattr(layer, name, Int8Linear.from_float(weight, bias, precise=name in PRECISE))
+    m = smoothing(head.amax, backend._lm_head.weight)  # [D], into the final norm
+    backend._norm = backend._norm / m
+    backend._hidden_scale = m
+    backend._lm_head = Int8Linear.from_float(backend._lm_head.weight * m, None, wide=True, precise=True)
+
+
+def export_state(backend) -> dict[str, torch.Tensor]:
+    """Everything ``quantize_backend`` changed, as named tensors (to cache and ``import_state`` later)."""
+    state = {"norm": backend._norm, "hidden_scale": backend._hidden_scale,
+             "head.weight": backend._lm_head.weight, "head.scale": backend._lm_head.scale}
+    for i, layer in enumerate(backend._layers):
+        state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"] = layer.attn_norm, layer.mlp_norm
+        for name in PROJECTIONS:
+            linear = getattr(layer, name)
+            state[f"{i}.{name}.weight"], state[f"{i}.{name}.scale"] = linear.weight, linear.scale
+            if linear.bias is not None:
+                state[f"{i}.{name}.bias"] = linear.bias
+    return {key: value.contiguous() for key, value in state.items()}
+
+
+def import_state(backend, state: Mapping[str, torch.Tensor]) -> None:
+    """Install a state from ``export_state`` into a fp32 backend of the same shape."""
+    backend._norm, backend._hidden_scale = state["norm"], state["hidden_scale"]
+    head = state["head.weight"]
+    backend._lm_head = Int8Linear(head, state["head.scale"], None, head.t().contiguous(), precise=True)
+    for i, layer in enumerate(backend._layers):
+        layer.attn_norm, layer.mlp_norm = state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"]
+        for name in PROJECTIONS:
+            setattr(layer, name, Int8Linear(state[f"{i}.{name}.weight"], state[f"{i}.{name}.scale"],
+                                            state.get(f"{i}.{name}.bias"), precise=name in PRECISE))
+
+
+def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.clone()

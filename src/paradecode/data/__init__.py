@@ -1,0 +1,1 @@
+"""Data files shipped with paradecode: calibration text, measured quality figures."""

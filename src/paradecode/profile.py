@@ -1,0 +1,107 @@
+"""The verify cost curve: time of one forward pass over T new tokens after a fixed context, per backend and dtype.
+
+On a CPU a forward over 8 tokens may cost anywhere from about 1x to 4x a one-token forward, depending on the
+kernels and the machine; how many draft tokens are worth verifying follows from that curve. ``measure_curve``
+times it on the machine at hand (median of a few repeats after a warm-up, the context rolled back after each
+pass so every repeat sees the same cache); ``cached_curve`` keeps one per machine, model and dtype in the model
+cache, so the ``cost`` draft schedule starts from this machine's curve instead of a guess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+SIZES = (1, 2, 4, 8, 16, 32)
+CONTEXT = 256
+
+
+def machine_key() -> str:
+    """What a curve depends on besides the model: the CPU model, its cores and torch's thread count."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}|{platform.machine()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+@torch.inference_mode()
+def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT, repeats: int = 7,
+                  progress=None) -> dict[int, float]:
+    """Median seconds of a forward over T new tokens after ``context`` cached tokens, for each T in ``sizes``."""
+    context = min(context, backend.max_length - max(sizes))
+    if context < 1:
+        raise ValueError(f"the model's context ({backend.max_length}) is too short to profile T={max(sizes)}")
+    ids = torch.arange(context + max(sizes)) % backend.vocab_size  # any tokens do: the cost is in the shape
+    backend.reset()
+    backend.forward(ids[:context])
+    curve = {}
+    for t in sizes:
+        new = ids[context : context + t]
+        times = []
+        for i in range(repeats + 1):
+            start = time.perf_counter()
+            backend.forward(new)
+            if i:  # the first pass warms up
+                times.append(time.perf_counter() - start)
+            backend.rollback(context)
+        curve[t] = statistics.median(times)
+        if progress is not None:
+            progress(t, curve[t])
+    backend.reset()
+    return curve
+
+
+def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> dict[int, float]:
+    """This machine's curve for ``model_key`` (model and dtype), measured once and kept in the cache."""
+    key = hashlib.sha256(f"{machine_key()}|{model_key}|{list(sizes)}".encode()).hexdigest()[:16]
+    path = cache_root / "profiles" / f"{key}.json"
+    if path.is_file():
+        try:
+            return {int(t): float(s) for t, s in json.loads(path.read_text())["seconds"].items()}
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again
+    curve = measure_curve(backend, sizes, repeats=5)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"machine": machine_key(), "model": model_key, "seconds": curve}))
+    except OSError:
+        pass
+    return curve
+
+
+def relative(curve: dict[int, float]) -> dict[int, float]:
+    """The curve divided by its one-token time."""
+    return {t: s / curve[min(curve)] for t, s in sorted(curve.items())}
+
+
+def plot(curves: dict[str, dict[int, float]], path: Path) -> None:
+    """One line per backend/dtype: ms per forward against T (log-2 x axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curve in curves.items():
+        ax.plot(list(curve), [1000 * s for s in curve.values()], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("new tokens per forward (T)")
+    ax.set_ylabel(f"ms per forward ({CONTEXT}-token context)")
+    ax.set_title(machine_key().split("|")[0], fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

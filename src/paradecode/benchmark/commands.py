@@ -32,7 +32,8 @@ def add_commands(commands) -> None:
                             "hf-draft, llamacpp), or 'all'; LABEL=METHOD adds a variant with its own --opt "
                             f"LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
     bench.add_argument("--questions", help="Spec-Bench-format .jsonl (question_id, category, turns); default: "
-                                           "../shared/data/specbench/question.jsonl when present")
+                                           "the Spec-Bench question set shipped with paradecode (480 questions, "
+                                           "13 categories)")
     bench.add_argument("--per-category", default="1", help="questions per category, or 'all' (default: 1)")
     bench.add_argument("--categories", help="comma-separated categories to keep (default: all)")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)")
@@ -76,8 +77,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ParadecodeError(f"--warmup-tokens must be a positive integer, got {args.warmup_tokens}.")
     path = Path(args.questions) if args.questions else qs.default_questions_path()
     if path is None:
-        raise ParadecodeError(f"no questions file: pass --questions FILE.jsonl (Spec-Bench format; the default "
-                              f"{qs.DEFAULT_QUESTIONS} does not exist here).")
+        raise ParadecodeError(f"no questions file: pass --questions FILE.jsonl (Spec-Bench format; the shipped "
+                              f"default {qs.DEFAULT_QUESTIONS} is missing from this install).")
     per_category = qs.parse_per_category(args.per_category)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     selected = qs.select(qs.load_questions(path), per_category, categories)

@@ -105,3 +105,30 @@ def test_prompt_lookup_steps_follow_the_draft_calls():
     steps = draft.steps(prompt_len=20, new_tokens=11)
     assert steps == dict(forward_passes=4, draft_lengths=[0, 0, 10, 10], accepted_lengths=[0, 0, 7, 0],
                          accepted_per_step=[1, 1, 8, 1])
+
+
+@pytest.mark.slow
+def test_llamacpp_peers_on_the_real_gguf():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    import paradecode
+    from paradecode.benchmark.llamacpp import LlamaCppPromptLookup
+    from paradecode.drafters.base import build_options
+
+    model = paradecode.load("smollm2-135m")
+    prompt = model.encode("Repeat this sentence exactly twice: the quick brown fox jumps over the lazy dog.")
+    ar = model.generate(prompt, max_new_tokens=32).token_ids
+    runs = {}
+    for cls in (LlamaCpp, LlamaCppPromptLookup):
+        peer = cls(build_options(cls, {}), model)
+        peer.prepare()
+        try:
+            runs[cls.method_name] = peer.generate(prompt, 32)
+        finally:
+            peer.close()
+    assert peer.worker is None  # closed
+    for name, run in runs.items():
+        assert run.token_ids[:16] == ar[:16], name  # llama.cpp's own kernels: compare the first tokens
+        assert 0 < run.wall_time_s and sum(run.accepted_per_step) == len(run.token_ids)
+        assert run.forward_passes == len(run.draft_lengths) == len(run.accepted_per_step)
+    pld = runs["llamacpp-pld"]
+    assert pld.forward_passes < len(pld.token_ids) and max(pld.accepted_lengths) > 1  # the repeat was drafted

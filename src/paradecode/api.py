@@ -94,6 +94,8 @@ class Model:
         self.eos_ids = _eos_ids(tokenizer, self.model_dir)
         self._draft_backends: dict[str, Any] = {}
         self._hf_model = None
+        # what drafters keep across requests on this model, per (method, options): see Drafter.kept_state
+        self.method_state: dict[tuple[str, Any], dict] = {}
 
     # -- text <-> tokens -------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[dict], chat: bool | None = None) -> list[int]:

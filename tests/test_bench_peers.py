@@ -1,6 +1,6 @@
-"""The benchmark outside this workspace and with crash-prone peers: the shipped Spec-Bench questions are the
-default from any working directory; a peer running in a child process that dies is a failed row, not a dead
-benchmark."""
+"""The benchmark outside this workspace, with crash-prone peers, and with methods that learn across questions:
+the shipped Spec-Bench questions are the default from any working directory; a peer running in a child
+process that dies is a failed row, not a dead benchmark; ``auto`` runs warm after the warm-up, and says so."""
 
 import json
 import sys
@@ -25,6 +25,24 @@ def test_bench_without_questions_uses_the_shipped_spec_bench_set(tmp_path, monke
     shipped = questions.load_questions(questions.DEFAULT_QUESTIONS)
     assert len(shipped) == 480 and len({q.category for q in shipped}) == 13
     assert (questions.DEFAULT_QUESTIONS.parent / "LICENSE").read_text().startswith("Apache License")
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_bench_records_whether_auto_ran_warm(tmp_path, capsys, tiny_model, keep):
+    qfile = write_questions(tmp_path / "q.jsonl", CRASH_QUESTIONS)
+    out = tmp_path / "out"
+    code, captured = bench_cli(capsys, "--questions", str(qfile), "--max-new-tokens", "6", "--methods", "ar,auto",
+                               "--opt", f"auto.keep={str(keep).lower()}", "--out", str(out))
+    assert code == 0, captured.err
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["kept_state"] == {
+        "auto": dict(kept_across_questions=keep, warmup=dict(question_id=1, tokens=8))}
+    warm = [r["turns"][0]["stats"]["info"]["auto"]["warm"] for r in results["records"] if r["method"] == "auto"]
+    assert warm == [keep] * 3  # with keep, even the first question starts from the warm-up's estimates
+    assert results["lossless"]["auto"]["share"] == 1.0
+    report = (out / "report.md").read_text()
+    assert ("`auto` keeps what it learns across questions" in report) == keep
+    assert json.loads((out / "settings.json").read_text()).get("kept_state") is None  # not compared on --resume
 
 
 # -- llama.cpp in a child process ----------------------------------------------------------------------------

@@ -90,6 +90,9 @@ def run_bench(args: argparse.Namespace) -> int:
         settings["variants"] = variants  # label -> method it runs
     out_dir = Path(args.out)
     runner.start_log(out_dir, settings, args.resume)
+    kept = kept_state_settings(specs, selected[0], args.warmup_tokens)
+    if kept:  # in results.json only: it follows from the settings compared on --resume
+        settings["kept_state"] = kept
 
     wanted = {q.question_id for q in selected}
     context = dict(
@@ -135,6 +138,21 @@ def run_bench(args: argparse.Namespace) -> int:
     print(f"paradecode: wrote {out_dir / 'report.md'} and {out_dir / 'results.json'}", file=sys.stderr)
     print(_overall_lines(results))
     return 0
+
+
+def kept_state_settings(specs: list, first, warmup_tokens: int) -> dict:
+    """For each method that keeps state across requests of the loaded model (``auto``: its estimates), whether
+    it does here, so its answers after the first may run warm, and the untimed warm-up it learns from first."""
+    from paradecode.drafters.base import build_options
+    from paradecode.registry import get_method
+
+    kept = {}
+    for spec in specs:
+        options = None if spec.peer else build_options(get_method(spec.method), spec.options)
+        if getattr(options, "keep", None) is not None:
+            kept[spec.name] = dict(kept_across_questions=options.keep,
+                                   warmup=dict(question_id=first.question_id, tokens=warmup_tokens))
+    return kept
 
 
 def _overall_lines(results: dict) -> str:

@@ -29,8 +29,8 @@ def add_commands(commands) -> None:
     add_model_arguments(bench, DEFAULT_MODEL)
     bench.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                        help="comma-separated paradecode methods (see `paradecode methods`) and peers (hf, hf-pld, "
-                            "hf-draft, llamacpp, llamacpp-pld), or 'all'; LABEL=METHOD adds a variant with its own --opt "
-                            f"LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
+                            "hf-draft, llamacpp, llamacpp-pld), or 'all'; LABEL=METHOD adds a variant with its own "
+                            f"--opt LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
     bench.add_argument("--questions", help="Spec-Bench-format .jsonl (question_id, category, turns); default: "
                                            "the Spec-Bench question set shipped with paradecode (480 questions, "
                                            "13 categories)")

@@ -134,6 +134,8 @@ def test_llamacpp_peers_on_the_real_gguf():
 
     model = paradecode.load("smollm2-135m")
     prompt = model.encode("Repeat this sentence exactly twice: the quick brown fox jumps over the lazy dog.")
+    long_prompt = model.encode("Summarize: " + "The river rose after the storm and the town moved uphill. " * 50)
+    assert len(long_prompt) > 600  # past llama.cpp's batch of 512 tokens
     ar = model.generate(prompt, max_new_tokens=32).token_ids
     runs = {}
     for cls in (LlamaCpp, LlamaCppPromptLookup):
@@ -141,6 +143,7 @@ def test_llamacpp_peers_on_the_real_gguf():
         peer.prepare()
         try:
             runs[cls.method_name] = peer.generate(prompt, 32)
+            assert len(peer.generate(long_prompt, 8).token_ids) > 0  # a long context works too
         finally:
             peer.close()
     assert peer.worker is None  # closed

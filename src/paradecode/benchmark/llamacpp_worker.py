@@ -36,8 +36,12 @@ class LlamaCppEngine:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             self.draft = _RecordedDraft(LlamaPromptLookupDecoding(**config["draft"]))
+        # logits_all with a draft model: llama-cpp-python (0.3.36) verifies drafts from every position's logits
+        # but sizes that buffer by this argument, so without it any context past n_batch (512) tokens fails
+        # ("could not broadcast input array"); its rows are written only as far as the context goes
         self.llm = llama_cpp.Llama(model_path=config["model_path"], n_ctx=config["n_ctx"], verbose=False,
-                                   n_threads=config["n_threads"], seed=0, draft_model=self.draft)
+                                   n_threads=config["n_threads"], seed=0, draft_model=self.draft,
+                                   logits_all=self.draft is not None)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int]) -> dict:
         stop = set(stop_ids) or {self.llm.token_eos()}

@@ -38,7 +38,8 @@ class LlamaCppEngine:
             self.draft = _RecordedDraft(LlamaPromptLookupDecoding(**config["draft"]))
         # logits_all with a draft model: llama-cpp-python (0.3.36) verifies drafts from every position's logits
         # but sizes that buffer by this argument, so without it any context past n_batch (512) tokens fails
-        # ("could not broadcast input array"); its rows are written only as far as the context goes
+        # ("could not broadcast input array"). It costs memory: n_ctx x vocabulary floats, touched as the
+        # context grows (see docs/benchmark.md)
         self.llm = llama_cpp.Llama(model_path=config["model_path"], n_ctx=config["n_ctx"], verbose=False,
                                    n_threads=config["n_threads"], seed=0, draft_model=self.draft,
                                    logits_all=self.draft is not None)

@@ -5,6 +5,7 @@ deterministic in kind: a backend whose forward pass sleeps (so tokens per forwar
 that sleeps while drafting (so drafting cost decides).
 """
 
+import dataclasses
 import time
 
 import pytest
@@ -134,3 +135,66 @@ def test_auto_rejects_bad_candidates():
         get_method("auto").create({"candidates": "ar,nope"})
     with pytest.raises(ParadecodeError, match="own candidate"):
         get_method("auto").create({"candidates": "ar,auto"})
+
+
+# -- estimates kept across requests of one loaded model ------------------------------------------------------
+class _Tokenizer:
+    """Just enough tokenizer for a Model fed token ids."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"t{int(t)} " for t in ids)
+
+
+def tiny_model(tmp_path, seed: int = 1):
+    from paradecode.api import Model
+
+    return Model(tiny_backend(seed, sharp=4.0), _Tokenizer(), name="tiny", model_dir=tmp_path, chat=False)
+
+
+def kept_estimates(model) -> dict:
+    (key, kept), = model.method_state.items()
+    assert key[0] == "auto"
+    return {name: dataclasses.replace(e) for name, e in kept["estimates"].items()}  # copies
+
+
+def test_auto_keeps_its_estimates_across_requests_of_one_model(tmp_path):
+    model = tiny_model(tmp_path)
+    reference = [model.generate(p, method="ar", max_new_tokens=30).token_ids for p in PROMPTS[:2]]
+    first = model.generate(PROMPTS[0], method="auto", max_new_tokens=30)
+    assert first.token_ids == reference[0] and first.stats.info["auto"]["warm"] is False
+    after_first = kept_estimates(model)
+    assert all(e.steps >= 1 and e.n > 0 for e in after_first.values())  # every arm warmed up
+
+    second = model.generate(PROMPTS[1], method="auto", max_new_tokens=30)
+    assert second.token_ids == reference[1]  # lossless, warm
+    report = second.stats.info["auto"]
+    assert report["warm"] is True
+    assert all(s.info["auto_reason"] != "warmup" for s in second.stats.steps)  # no warm-up again
+    # The second request went on from the first's numbers: each arm's discounted step count is the first's,
+    # decayed once per step of the second, plus the second's own steps of that arm, each decayed since.
+    gamma, steps = 0.98, [s.info["auto"] for s in second.stats.steps]
+    after_second = kept_estimates(model)
+    for name, before in after_first.items():
+        own = sum(gamma ** (len(steps) - 1 - i) for i, arm in enumerate(steps) if arm == name)
+        assert after_second[name].n == pytest.approx(before.n * gamma ** len(steps) + own)
+        assert after_second[name].steps == before.steps + report["candidates"][name]["steps"]
+
+    fresh = tiny_model(tmp_path)  # another loaded model starts cold
+    again = fresh.generate(PROMPTS[1], method="auto", max_new_tokens=30)
+    assert again.token_ids == reference[1] and again.stats.info["auto"]["warm"] is False
+    assert any(s.info["auto_reason"] == "warmup" for s in again.stats.steps)
+
+
+def test_auto_keep_false_starts_every_request_cold(tmp_path):
+    model = tiny_model(tmp_path)
+    for _ in range(2):
+        result = model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(keep=False))
+        assert result.stats.info["auto"]["warm"] is False
+    assert model.method_state == {}  # nothing stored
+    model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(candidates="ar,pld"))
+    other = model.generate(PROMPTS[0], method="auto", max_new_tokens=12)
+    assert other.stats.info["auto"]["warm"] is False  # other options: a store of their own
+    assert sorted(key[1].candidates for key in model.method_state) == ["", "ar,pld"]

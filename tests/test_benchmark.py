@@ -361,7 +361,7 @@ def test_hf_draft_counts_target_and_draft_forward_passes(tmp_path, capsys, tiny_
 
 
 def test_unavailable_peer_is_skipped_with_a_note(tmp_path, capsys, tiny_model, monkeypatch):
-    monkeypatch.setattr(peers.LlamaCpp, "unavailable", classmethod(lambda cls, model: "not here"))
+    monkeypatch.setattr(peers.PEERS["llamacpp"], "unavailable", classmethod(lambda cls, model: "not here"))
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[2:3])
     out = tmp_path / "out"
     code, captured = bench_cli(capsys, "--questions", str(qfile), "--max-new-tokens", "4",

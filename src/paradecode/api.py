@@ -141,6 +141,8 @@ class Model:
         self._draft_backends: dict[str, Any] = {}
         self._hf_model = None
         self._cost_curve: dict[int, float] | None = None
+        # what drafters keep across requests on this model, per (method, options): see Drafter.kept_state
+        self.method_state: dict[tuple[str, Any], dict] = {}
 
     @property
     def dtype(self) -> str:

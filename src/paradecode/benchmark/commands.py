@@ -30,10 +30,11 @@ def add_commands(commands) -> None:
     add_model_arguments(bench, DEFAULT_MODEL)
     bench.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                        help="comma-separated paradecode methods (see `paradecode methods`) and peers (hf, hf-pld, "
-                            "hf-draft, llamacpp), or 'all'; LABEL=METHOD adds a variant with its own --opt "
-                            f"LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
+                            "hf-draft, llamacpp, llamacpp-pld), or 'all'; LABEL=METHOD adds a variant with its own "
+                            f"--opt LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
     bench.add_argument("--questions", help="Spec-Bench-format .jsonl (question_id, category, turns); default: "
-                                           "../shared/data/specbench/question.jsonl when present")
+                                           "the Spec-Bench question set shipped with paradecode (480 questions, "
+                                           "13 categories)")
     bench.add_argument("--per-category", default="1", help="questions per category, or 'all' (default: 1)")
     bench.add_argument("--categories", help="comma-separated categories to keep (default: all)")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)")
@@ -71,8 +72,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ParadecodeError(f"--warmup-tokens must be a positive integer, got {args.warmup_tokens}.")
     path = Path(args.questions) if args.questions else qs.default_questions_path()
     if path is None:
-        raise ParadecodeError(f"no questions file: pass --questions FILE.jsonl (Spec-Bench format; the default "
-                              f"{qs.DEFAULT_QUESTIONS} does not exist here).")
+        raise ParadecodeError(f"no questions file: pass --questions FILE.jsonl (Spec-Bench format; the shipped "
+                              f"default {qs.DEFAULT_QUESTIONS} is missing from this install).")
     per_category = qs.parse_per_category(args.per_category)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     selected = qs.select(qs.load_questions(path), per_category, categories)
@@ -84,6 +85,9 @@ def run_bench(args: argparse.Namespace) -> int:
         settings["variants"] = variants  # label -> method it runs
     out_dir = Path(args.out)
     runner.start_log(out_dir, settings, args.resume)
+    kept = kept_state_settings(specs, selected[0], args.warmup_tokens)
+    if kept:  # in results.json only: it follows from the settings compared on --resume
+        settings["kept_state"] = kept
 
     wanted = {q.question_id for q in selected}
     context = dict(
@@ -129,6 +133,21 @@ def run_bench(args: argparse.Namespace) -> int:
     print(f"paradecode: wrote {out_dir / 'report.md'} and {out_dir / 'results.json'}", file=sys.stderr)
     print(_overall_lines(results))
     return 0
+
+
+def kept_state_settings(specs: list, first, warmup_tokens: int) -> dict:
+    """For each method that keeps state across requests of the loaded model (``auto``: its estimates), whether
+    it does here, so its answers after the first may run warm, and the untimed warm-up it learns from first."""
+    from paradecode.drafters.base import build_options
+    from paradecode.registry import get_method
+
+    kept = {}
+    for spec in specs:
+        options = None if spec.peer else build_options(get_method(spec.method), spec.options)
+        if getattr(options, "keep", None) is not None:
+            kept[spec.name] = dict(kept_across_questions=options.keep,
+                                   warmup=dict(question_id=first.question_id, tokens=warmup_tokens))
+    return kept
 
 
 def _overall_lines(results: dict) -> str:

@@ -3,7 +3,8 @@
 - ``hf``: transformers ``generate()``, greedy, on ``model.hf_model``;
 - ``hf-pld``: transformers prompt-lookup assisted generation (``prompt_lookup_num_tokens``);
 - ``hf-draft``: transformers assisted generation with the draft model's ``hf_model`` (needs --draft-model);
-- ``llamacpp``: llama-cpp-python, plain greedy decoding on the GGUF file, one thread per core.
+- ``llamacpp``, ``llamacpp-pld``: llama-cpp-python on the GGUF file, plain and with its prompt lookup, each in a
+  child process (``paradecode.benchmark.llamacpp``).
 
 Step figures for transformers come from public hooks only: a forward hook on the target counts its forward
 passes and the tokens each pass was fed (so the draft length), a ``streamer`` sees the tokens each step
@@ -13,12 +14,10 @@ commits. A figure a peer cannot observe is ``None`` (written as null), never gue
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from paradecode.errors import ParadecodeError
 
 PEERS: dict[str, type["Peer"]] = {}
 
@@ -41,6 +40,8 @@ class PeerRun:
     accepted_lengths: list[int] | None = None  # drafted tokens accepted per step
     accepted_per_step: list[int] | None = None  # tokens committed per step (accepted + the target's own)
     info: dict = field(default_factory=dict)
+    wall_time_s: float | None = None  # the peer's own timing of the same span (e.g. in a child process); None:
+    #                                   the benchmark's timing around ``generate`` stands
 
 
 class Peer:
@@ -67,6 +68,9 @@ class Peer:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> PeerRun:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what ``prepare`` took (e.g. a child process); called once the run is over."""
 
 
 # -- transformers -----------------------------------------------------------------------------------------
@@ -202,51 +206,6 @@ class HFDraft(_HFPeer):
         return dict(assistant_model=self.draft_hf)
 
 
-# -- llama.cpp --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LlamaCppOptions:
-    n_threads: int = 0  # 0: one per core
-    n_ctx: int = 0  # 0: the target backend's context length
-
-
-@register_peer("llamacpp")
-class LlamaCpp(Peer):
-    """llama-cpp-python, plain greedy decoding on the GGUF file"""
-
-    Options = LlamaCppOptions
-
-    @classmethod
-    def unavailable(cls, model) -> str | None:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            return "llama-cpp-python is not installed (pip install llama-cpp-python)"
-        return None if gguf_path(model) else f"no GGUF file is known for model {model.name!r}"
-
-    def prepare(self) -> None:
-        import llama_cpp
-
-        n_ctx = self.options.n_ctx or int(getattr(self.model.backend, "max_length", 4096))
-        self.llm = llama_cpp.Llama(model_path=str(gguf_path(self.model)), n_ctx=n_ctx, verbose=False,
-                                   n_threads=self.options.n_threads or os.cpu_count(), seed=0)
-
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> PeerRun:
-        if len(prompt_ids) + max_new_tokens > self.llm.n_ctx():
-            raise ParadecodeError(f"the prompt ({len(prompt_ids)} tokens) and {max_new_tokens} new tokens exceed "
-                                  f"llama.cpp's context of {self.llm.n_ctx()}: set --opt llamacpp.n_ctx=N.")
-        eos = set(self.model.eos_ids) or {self.llm.token_eos()}  # the same stop tokens as every other method
-        self.llm.reset()  # no prefix reuse from the previous request: every method pays its own prefill
-        tokens: list[int] = []
-        for token in self.llm.generate(prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
-            tokens.append(int(token))
-            if token in eos or len(tokens) >= max_new_tokens:
-                break
-        # Plain decoding: each token comes from one forward pass (the first from the prefill).
-        return PeerRun(token_ids=tokens, forward_passes=len(tokens), draft_forward_passes=0,
-                       draft_lengths=[0] * len(tokens), accepted_lengths=[0] * len(tokens),
-                       accepted_per_step=[1] * len(tokens))
-
-
 def gguf_path(model: Any) -> Path | None:
     """The GGUF file behind a loaded model: a built-in's wheel file, or the source a conversion recorded."""
     from paradecode.models import BUILTIN_MODELS
@@ -259,3 +218,6 @@ def gguf_path(model: Any) -> Path | None:
         if source and Path(source).is_file():
             return Path(source)
     return None
+
+
+from paradecode.benchmark import llamacpp  # noqa: E402,F401  (registers the llama.cpp peers)

@@ -2,6 +2,8 @@
 
 ``load_questions`` checks every line and names the first bad one; ``select`` keeps the first N questions of
 each category in file order, so a run with ``--per-category 1`` covers every category in a few minutes.
+The Spec-Bench question set ships inside the package (``data/specbench``, Apache-2.0, licence beside it) and
+is the default, so the benchmark runs from any working directory.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from paradecode.errors import ParadecodeError
 
-DEFAULT_QUESTIONS = Path("../shared/data/specbench/question.jsonl")  # relative to the working directory
+DEFAULT_QUESTIONS = Path(__file__).parent / "data" / "specbench" / "question.jsonl"  # shipped package data
 
 
 @dataclass(frozen=True)
@@ -22,10 +24,9 @@ class Question:
     turns: tuple[str, ...]
 
 
-def default_questions_path(cwd: Path | None = None) -> Path | None:
-    """The Spec-Bench file next to the checkout, when it exists."""
-    path = (cwd or Path.cwd()) / DEFAULT_QUESTIONS
-    return path if path.is_file() else None
+def default_questions_path() -> Path | None:
+    """The Spec-Bench question set shipped with the package (None only in a broken install)."""
+    return DEFAULT_QUESTIONS if DEFAULT_QUESTIONS.is_file() else None
 
 
 def load_questions(path: str | Path) -> list[Question]:

@@ -57,6 +57,11 @@ def render_report(results: dict) -> str:
                  for m in methods if m in variants or options.get(m)]
     if described:
         lines += ["Options (every other method runs with its defaults): " + "; ".join(described) + ".", ""]
+    for method, kept in (settings.get("kept_state") or {}).items():
+        warmup = kept["warmup"]
+        lines += [f"`{method}` " + (f"keeps what it learns across questions (from the untimed {warmup['tokens']}-token "
+                  f"warm-up on question {warmup['question_id']} on), so its answers run warm"
+                  if kept["kept_across_questions"] else "starts every answer cold") + ".", ""]
     if results.get("skipped"):
         lines += ["Skipped: " + "; ".join(f"`{m}` ({why})" for m, why in results["skipped"].items()), ""]
 

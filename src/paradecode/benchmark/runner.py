@@ -123,11 +123,18 @@ class Contender:
         if self.peer:
             self.peer.prepare()
 
+    def close(self) -> None:
+        if self.peer:
+            self.peer.close()
+
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> dict:
         start = time.perf_counter()
         if self.peer:
             run = self.peer.generate(prompt_ids, max_new_tokens)
             wall = time.perf_counter() - start
+            if run.wall_time_s is not None:  # timed by the peer itself (llama.cpp: inside its child process)
+                run.info["call_wall_time_s"] = wall  # with the overhead around it (for llama.cpp, the pipe)
+                wall = run.wall_time_s
             return dict(prompt_tokens=len(prompt_ids), token_ids=run.token_ids, new_tokens=len(run.token_ids),
                         text=self.model.decode(run.token_ids), wall_time_s=wall, forward_passes=run.forward_passes,
                         draft_forward_passes=run.draft_forward_passes, draft_lengths=run.draft_lengths,
@@ -243,20 +250,31 @@ def run_all(
     """Warm up every method, then run the (question, method) pairs not in ``done``, interleaved per question,
     questions in ``round_robin`` order (one of each category per round). Returns every record, old and new;
     a KeyboardInterrupt propagates after the finished ones are logged."""
-    from tqdm import tqdm
-
     records = list(done)
     finished = {(r["method"], r["question_id"]) for r in done}
     todo = [(q, c) for q in round_robin(questions) for c in contenders if (c.name, q.question_id) not in finished]
     if not todo:
         return records
     warm_prompt = build_prompt(contenders[0].model, [questions[0].turns[0]], [])
-    for contender in contenders:
-        contender.prepare()
-        try:
-            contender.generate(warm_prompt, warmup_tokens)  # untimed: first-call costs stay out of the figures
-        except ParadecodeError:
-            pass  # the same error will be recorded with the question it concerns
+    try:
+        for contender in contenders:
+            contender.prepare()
+            try:
+                contender.generate(warm_prompt, warmup_tokens)  # untimed: first-call costs stay out of the figures
+            except ParadecodeError:
+                pass  # the same error will be recorded with the question it concerns
+        run_todo(todo, turns, max_new_tokens, out_dir, records, progress)
+    finally:
+        for contender in contenders:
+            contender.close()  # e.g. ends llama.cpp's child process
+    return records
+
+
+def run_todo(todo: list[tuple[Question, Contender]], turns: int, max_new_tokens: int, out_dir: Path,
+             records: list[dict], progress: bool) -> None:
+    """Run and log each (question, method) pair in order, appending its record to ``records``."""
+    from tqdm import tqdm
+
     bar = tqdm(total=len(todo), file=sys.stderr, unit="run", disable=not progress, dynamic_ncols=True)
     try:
         with (out_dir / RECORDS).open("a", encoding="utf-8") as log:
@@ -269,4 +287,3 @@ def run_all(
                 bar.update(1)
     finally:
         bar.close()
-    return records

@@ -22,6 +22,11 @@ given. Every arm gets ``begin`` at the start of the request. Only the arm that p
 verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it declares
 ``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
 Output is exact whatever the choice: every arm is a lossless method verified by the engine.
+
+Across requests: with ``keep`` (the default) the estimates live in the loaded model's drafter store
+(``Model.method_state``, one per set of auto options), so the next request on the same model starts from the
+last one's discounted estimates and skips the warm-up for every arm that already has ``warmup`` measured
+steps; ``summary()["auto"]["warm"]`` says whether a request started so. A fresh model starts cold.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
@@ -47,6 +52,7 @@ class AutoOptions:
     warmup: int = 1  # steps each candidate gets before the bandit chooses
     exploration: float = 0.25  # scale of the UCB bonus (0: always the best measured rate)
     decay: float = 0.98  # per-step discount of old measurements
+    keep: bool = True  # keep the estimates for the next request on the same loaded model
 
     def __post_init__(self) -> None:
         if self.warmup < 1:
@@ -58,21 +64,33 @@ class AutoOptions:
 
 
 @dataclass
-class _Arm:
-    drafter: Drafter
-    needs_resync: bool  # must see every verdict, so it re-begins after steps other arms took
-    steps: int = 0  # raw totals over the request, for the report
-    tokens: int = 0
-    seconds: float = 0.0
+class _Estimate:
+    """What the bandit knows of one arm; kept across requests when the model keeps drafter state."""
+
     n: float = 0.0  # discounted totals, for the choice
     discounted_tokens: float = 0.0
     discounted_seconds: float = 0.0
     fastest: float = math.inf  # fastest step so far, in seconds
-    stale: bool = False
+    steps: int = 0  # steps measured, over every request that shared this estimate
 
     @property
     def rate(self) -> float:
         return self.discounted_tokens / self.discounted_seconds if self.discounted_seconds > 0 else 0.0
+
+
+@dataclass
+class _Arm:
+    drafter: Drafter
+    needs_resync: bool  # must see every verdict, so it re-begins after steps other arms took
+    estimate: _Estimate = field(default_factory=_Estimate)
+    steps: int = 0  # raw totals over the request, for the report
+    tokens: int = 0
+    seconds: float = 0.0
+    stale: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.estimate.rate
 
 
 @register("auto")
@@ -108,8 +126,11 @@ class AutoDrafter(Drafter):
                        if state.sampling.greedy or arm.drafter.lossless_sampling]
         if not self.active:
             raise ParadecodeError(f"auto: no candidate samples exactly; candidates were {', '.join(self.arms)}.")
-        for name in self.arms:
-            self.arms[name] = _Arm(self.arms[name].drafter, self.arms[name].needs_resync)
+        kept = self.kept_state() if self.options.keep else None
+        estimates = kept.setdefault("estimates", {}) if kept is not None else {}
+        self.warm = any(name in estimates and estimates[name].steps > 0 for name in self.active)
+        for name, arm in self.arms.items():
+            self.arms[name] = _Arm(arm.drafter, arm.needs_resync, estimates.setdefault(name, _Estimate()))
         for name in self.active:
             self.arms[name].drafter.begin(state)
         self.current, self.switches, self.step_start = "", 0, 0.0
@@ -135,30 +156,32 @@ class AutoDrafter(Drafter):
         gamma = self.options.decay
         for name in self.active:
             arm = self.arms[name]
-            arm.n *= gamma
-            arm.discounted_tokens *= gamma
-            arm.discounted_seconds *= gamma
+            arm.estimate.n *= gamma
+            arm.estimate.discounted_tokens *= gamma
+            arm.estimate.discounted_seconds *= gamma
             if arm is not chosen and arm.needs_resync:
                 arm.stale = True
         chosen.steps += 1
         chosen.tokens += tokens
         chosen.seconds += seconds
-        chosen.fastest = min(chosen.fastest, seconds)
-        chosen.n += 1.0
-        chosen.discounted_tokens += tokens
-        chosen.discounted_seconds += min(seconds, OUTLIER * chosen.fastest)
+        estimate = chosen.estimate
+        estimate.steps += 1
+        estimate.fastest = min(estimate.fastest, seconds)
+        estimate.n += 1.0
+        estimate.discounted_tokens += tokens
+        estimate.discounted_seconds += min(seconds, OUTLIER * estimate.fastest)
 
     def _choose(self) -> tuple[str, str]:
         for name in self.active:
-            if self.arms[name].steps < self.options.warmup:
+            if self.arms[name].estimate.steps < self.options.warmup:
                 return name, "warmup"
         arms = [self.arms[name] for name in self.active]
-        log_total = math.log(max(sum(arm.n for arm in arms), 1.0))
+        log_total = math.log(max(sum(arm.estimate.n for arm in arms), 1.0))
         c = self.options.exploration
 
         def ucb(name: str) -> float:
             arm = self.arms[name]
-            return arm.rate * (1.0 + c * math.sqrt(log_total / max(arm.n, 1e-9)))
+            return arm.rate * (1.0 + c * math.sqrt(log_total / max(arm.estimate.n, 1e-9)))
 
         best = max(self.active, key=lambda name: self.arms[name].rate)
         pick = max(self.active, key=ucb)
@@ -177,7 +200,8 @@ class AutoDrafter(Drafter):
         choice = max(self.active, key=lambda name: self.arms[name].rate)
         skipped = dict(self.skipped)
         skipped.update({name: "cannot sample exactly" for name in self.arms if name not in self.active})
-        return {"auto": dict(choice=choice, switches=self.switches, candidates=candidates, skipped=skipped)}
+        return {"auto": dict(choice=choice, switches=self.switches, warm=self.warm, candidates=candidates,
+                             skipped=skipped)}
 
 
 def _candidate_names(options: AutoOptions) -> list[str]:

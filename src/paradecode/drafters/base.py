@@ -83,6 +83,13 @@ class Drafter:
         """Method-level notes for ``DecodeStats.info``."""
         return {}
 
+    def kept_state(self) -> dict | None:
+        """A dict that outlives the request: one per (method, options) on the loaded model the drafter runs
+        for (``Model.method_state``), for whatever the method learns that should carry over to the next
+        request (``auto`` keeps its speed estimates there). None when the context keeps no state."""
+        store = getattr(self.context, "method_state", None)
+        return None if store is None else store.setdefault((self.method_name, self.options), {})
+
 
 def draft_chain(next_logits: Callable[[list[int]], torch.Tensor], feed: list[int], length: int,
                 state: DecodeState) -> Proposal:

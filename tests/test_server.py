@@ -205,6 +205,9 @@ def test_disconnect_stops_generation_and_frees_the_model(tmp_path):
         with httpx.stream("POST", f"{base}/v1/completions", json=request, timeout=10) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
+            start = time.monotonic()  # the event loop answers while the worker decodes
+            assert httpx.get(f"{base}/health", timeout=5).status_code == 200 and time.monotonic() - start < 1
+            assert metric(base, "paradecode_requests_running") == 1
             with pytest.raises(httpx.ReadTimeout):  # queued behind the stream; its client gives up waiting
                 httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT), timeout=0.3)
         # The stream's client left after a few tokens: the model must be free long before 6 s.

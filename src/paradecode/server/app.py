@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.drafters.base import build_options
@@ -228,10 +229,13 @@ async def read_json(request: Request, limit: int) -> Any:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise too_large
+    try:
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away while sending its request.") from None
     try:
         return json.loads(body)
     except ValueError as error:

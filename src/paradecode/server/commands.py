@@ -30,7 +30,8 @@ def add_commands(commands) -> None:
                     "(streaming or not), /v1/models, /health and Prometheus /metrics. Requests are decoded one at "
                     "a time in arrival order. The decoding flags below are what a request gets for the fields it "
                     "leaves out; a request picks its own method with {\"paradecode\": {\"method\": ..., "
-                    "\"options\": {...}}}. Needs: pip install 'paradecode[serve]'.")
+                    "\"options\": {...}}}; --draft-model is the only draft model requests may use. "
+                    "Needs: pip install 'paradecode[serve]'.")
     add_model_arguments(serve, DEFAULT_MODEL)
     add_decoding_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1",

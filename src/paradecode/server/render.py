@@ -19,8 +19,9 @@ from paradecode.server import protocol as p
 
 def sse(payload: BaseModel | dict | str) -> str:
     """One server-sent event."""
-    if isinstance(payload, BaseModel):
-        payload = payload.model_dump_json(exclude_none=False)
+    if isinstance(payload, BaseModel):  # chunks leave out usage and stats until they have them
+        absent = {name for name in ("usage", "paradecode") if getattr(payload, name, True) is None}
+        payload = payload.model_dump_json(exclude=absent)
     elif isinstance(payload, dict):
         payload = json.dumps(payload)
     return f"data: {payload}\n\n"

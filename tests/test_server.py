@@ -25,7 +25,8 @@ from transformers import AutoTokenizer
 
 import paradecode
 from paradecode import cli
-from paradecode.server.app import ServerDefaults, create_app
+from paradecode.server.app import create_app
+from paradecode.server.inputs import ServerDefaults
 from paradecode.server.commands import bind
 from tiny import tiny_model_dir
 

@@ -77,7 +77,7 @@ def server_defaults(args: argparse.Namespace):
     """The server's defaults from the flags, checked as a request's would be, before the model loads."""
     from paradecode.config import GenerationConfig, SamplingConfig
     from paradecode.registry import get_method, parse_options
-    from paradecode.server.app import ServerDefaults, decoding_method
+    from paradecode.server.inputs import ServerDefaults, decoding_method
 
     if not 0 <= args.port <= 65535:
         raise ParadecodeError(f"--port must be in 0..65535, got {args.port}.")

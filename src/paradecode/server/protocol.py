@@ -44,7 +44,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Request(BaseModel):
+class GenerationRequest(BaseModel):
+    """The fields both endpoints share."""
+
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None  # None: the one model this server runs
     max_tokens: Optional[int] = None  # None: the server's --max-new-tokens
@@ -88,7 +90,7 @@ class ChatMessage(BaseModel):
     content: Optional[Union[str, list[ContentPart]]] = None
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage]
     max_completion_tokens: Optional[int] = None  # OpenAI's newer name for max_tokens; wins when both are given
     tools: Optional[list[dict[str, Any]]] = None
@@ -96,7 +98,7 @@ class ChatCompletionRequest(_Request):
     response_format: Optional[dict[str, Any]] = None
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(GenerationRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     best_of: Optional[int] = None
     echo: Optional[bool] = None

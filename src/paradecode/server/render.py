@@ -35,7 +35,8 @@ def usage(result) -> p.Usage:
 class Render:
     """Shared by both endpoints: the response id and creation time of one request."""
 
-    prefix = ""
+    prefix = ""  # of the response id
+    prompt_field = ""  # the request field that holds the prompt
 
     def __init__(self, model_name: str) -> None:
         self.model = model_name
@@ -58,6 +59,7 @@ class Render:
 
 class ChatRender(Render):
     prefix = "chatcmpl"
+    prompt_field = "messages"
 
     def _chunk(self, choices: list, **extra) -> p.ChatCompletionChunk:
         return p.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
@@ -80,6 +82,7 @@ class ChatRender(Render):
 
 class CompletionRender(Render):
     prefix = "cmpl"
+    prompt_field = "prompt"
 
     def _object(self, choices: list, **extra) -> p.CompletionResponse:
         return p.CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, **extra)

@@ -31,7 +31,8 @@ from paradecode.server.commands import bind
 from tiny import tiny_model_dir
 
 # Role markers are vocabulary words, so the tiny word-level tokenizer encodes templated chats exactly.
-CHAT_TEMPLATE = "{% for m in messages %}w2 {{ m['content'] }} w3 {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+                 "w2 {{ m['content'] }} w3 {% endfor %}{% if add_generation_prompt %}w4{% endif %}")
 PROMPT = "w3 w4 w5 w3 w4 w5 w3 w4"
 CHAT = [{"role": "user", "content": "w7 w8 w9 w7 w8"}]
 
@@ -245,9 +246,14 @@ CHAT_BODY = dict(model="tiny", messages=CHAT)
     ("/v1/chat/completions", dict(CHAT_BODY, n=2), 400, "n must be 1", "n"),
     ("/v1/chat/completions", dict(CHAT_BODY, logprobs=True), 400, "logprobs", "logprobs"),
     ("/v1/chat/completions", dict(CHAT_BODY, stop=[""]), 400, "stop strings", None),
+    ("/v1/chat/completions", dict(CHAT_BODY, seed=2**70), 400, "less than", "seed"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "w3"}], "temperature": Infinity}', 400,
+     "finite number", "temperature"),
     ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
      400, "only text", "messages.0.content"),
     ("/v1/chat/completions", dict(model="tiny", messages=[]), 400, "messages is empty", "messages"),
+    ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "tool", "content": "w3"}]), 400, "no tool role",
+     "messages"),
     ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": LONG}]), 400,
      "context holds 256", "messages"),
     ("/v1/chat/completions", dict(CHAT_BODY, stream=True, messages=[{"role": "user", "content": LONG}]), 400,

@@ -118,7 +118,13 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
         kwargs = sampling_arguments(body, defaults)
 
         def start():  # in the worker thread
-            prompt_ids = encode()
+            try:
+                prompt_ids = encode()
+            except ParadecodeError:
+                raise
+            except Exception as error:  # e.g. a chat template that refuses a role
+                raise RequestError(400, f"could not encode the prompt: {type(error).__name__}: {error}",
+                                   param=render_type.prompt_field) from None
             if len(prompt_ids) >= model.backend.max_length:
                 raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens but the model's context holds "
                                         f"{model.backend.max_length}: shorten it.", code="context_length_exceeded",

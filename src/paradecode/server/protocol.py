@@ -47,13 +47,13 @@ class StreamOptions(BaseModel):
 class GenerationRequest(BaseModel):
     """The fields both endpoints share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: Optional[str] = None  # None: the one model this server runs
     max_tokens: Optional[int] = None  # None: the server's --max-new-tokens
     temperature: Optional[float] = None  # None: the server's --temperature (0 = greedy by default)
     top_p: Optional[float] = None
     top_k: Optional[int] = None  # not OpenAI's; accepted as vLLM does
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-(2**63), lt=2**64)  # what torch's generator takes
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None

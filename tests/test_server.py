@@ -202,7 +202,7 @@ class SlowBackend:
 def test_disconnect_stops_generation_and_frees_the_model(tmp_path):
     model = paradecode.load(str(tiny_model_dir(tmp_path / "tiny")))  # no chat template: chat requests get 400
     model.backend = SlowBackend(model.backend, pause_s=0.03)  # 200 tokens would take >= 6 s
-    with serving(model, method="ar", max_new_tokens=200) as base:
+    with serving(model, method="ar", max_new_tokens=200, max_waiting=1) as base:
         request = dict(model="tiny", prompt=PROMPT, stream=True)
         with httpx.stream("POST", f"{base}/v1/completions", json=request, timeout=10) as response:
             lines = response.iter_lines()
@@ -212,6 +212,8 @@ def test_disconnect_stops_generation_and_frees_the_model(tmp_path):
             assert metric(base, "paradecode_requests_running") == 1
             with pytest.raises(httpx.ReadTimeout):  # queued behind the stream; its client gives up waiting
                 httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT), timeout=0.3)
+            busy = httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT), timeout=5)
+            assert busy.status_code == 503 and busy.json()["error"]["type"] == "server_error"  # the queue holds 1
         # The stream's client left after a few tokens: the model must be free long before 6 s.
         start = time.monotonic()
         answer = httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT, max_tokens=3), timeout=5)

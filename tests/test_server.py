@@ -324,6 +324,7 @@ def test_serve_command_runs_a_server(chat_dir):
         answer = client(f"http://127.0.0.1:{port}").completions.create(model=chat_dir, prompt=PROMPT)
         assert answer.usage.completion_tokens <= 8 and answer.model_extra["paradecode"]["method"] == "pld"
     finally:
-        process.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down, the CLI says "interrupted"
+        process.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down, then the CLI says "interrupted" (130)
         _, err = process.communicate(timeout=20)
-    assert process.returncode == 130 and "serving" in err and "Traceback" not in err
+    # 0 where SIGINT is ignored (a background job's child): uvicorn still stops, and re-raises nothing.
+    assert process.returncode in (0, 130) and "serving" in err and "Traceback" not in err

@@ -1,4 +1,4 @@
-"""The ``paradecode`` command line: generate, models, methods (and bench / trace, registered by their modules).
+"""The ``paradecode`` command line: generate, models, methods (and bench / trace / serve, registered by their modules).
 
 Every user mistake ends in a one-paragraph message on stderr and exit code 2; ``--verify`` exits 3 when the
 method's output differs from plain autoregressive decoding.

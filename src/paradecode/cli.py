@@ -1,4 +1,4 @@
-"""The ``paradecode`` command line: generate, models, methods (and bench / trace, registered by their modules).
+"""The ``paradecode`` command line: generate, models, methods (and bench / trace / serve, registered by their modules).
 
 Every user mistake ends in a one-paragraph message on stderr and exit code 2; ``--verify`` exits 3 when the
 method's output differs from plain autoregressive decoding.
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(commands)
     from paradecode.measure import add_commands as add_measure_commands
     add_measure_commands(commands)
+    from paradecode.server.commands import add_commands as add_server_commands
+    add_server_commands(commands)
     return parser
 
 

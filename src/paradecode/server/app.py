@@ -1,0 +1,195 @@
+"""The FastAPI app: OpenAI-compatible endpoints over one loaded ``Model`` (``create_app(model, defaults)``).
+
+    POST /v1/chat/completions   POST /v1/completions   (``stream: true``: server-sent events, then [DONE])
+    GET  /v1/models   GET /health   GET /metrics (Prometheus text)
+
+A handler checks the request (schema, model name, method and options, sampling values) on the event loop, so a
+bad request fails at once, then queues a ``Job`` for the worker thread, which encodes the prompt and runs
+``Model.stream``. Every error is OpenAI's error object (``{"error": {"message", "type", "param", "code"}}``)
+with its status code: 400 bad input, 404 unknown model or path, 413 body too large, 503 queue full, 500 a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from paradecode.errors import ParadecodeError
+from paradecode.server import protocol as p
+from paradecode.server.inputs import (RequestError, ServerDefaults, chat_messages, decoding_method, prompt_encoder,
+                                      read_json, sampling_arguments)
+from paradecode.server.metrics import CountRequests, Metrics
+from paradecode.server.render import ChatRender, CompletionRender, Render, sse, usage
+from paradecode.server.worker import FINISH_REASONS, Busy, Disconnected, Job, Worker
+
+
+def error_body(error: BaseException) -> dict:
+    if isinstance(error, RequestError):
+        info = p.ErrorInfo(message=str(error), type=error.kind, param=error.param, code=error.code)
+    elif isinstance(error, ParadecodeError):
+        info = p.ErrorInfo(message=str(error), type="invalid_request_error")
+    else:
+        info = p.ErrorInfo(message=f"internal error: {type(error).__name__}: {error}", type="server_error")
+    return p.ErrorResponse(error=info).model_dump()
+
+
+def error_response(error: BaseException) -> JSONResponse:
+    status = error.status if isinstance(error, RequestError) else 400 if isinstance(error, ParadecodeError) else 500
+    return JSONResponse(error_body(error), status_code=status)
+
+
+def create_app(model, defaults: ServerDefaults) -> FastAPI:
+    """The app for ``model`` (a loaded ``paradecode.Model``); its worker thread runs while the app is served."""
+    metrics = Metrics()
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.worker = Worker(metrics, defaults.max_waiting)
+        yield
+        app.state.worker.close()
+
+    app = FastAPI(title="paradecode", description="OpenAI-compatible API over paradecode", lifespan=lifespan)
+    app.add_middleware(CountRequests, metrics=metrics)
+    app.state.metrics = metrics
+
+    @app.exception_handler(ParadecodeError)
+    async def bad_request(request: Request, error: ParadecodeError) -> JSONResponse:
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, error: Exception) -> JSONResponse:  # logged by the server, which lives on
+        return error_response(error)
+
+    @app.exception_handler(ValidationError)
+    async def bad_fields(request: Request, error: ValidationError) -> JSONResponse:
+        problems = error.errors(include_url=False)
+        where = ".".join(str(part) for part in problems[0]["loc"])
+        message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in problems[:3])
+        return error_response(RequestError(400, f"invalid request: {message}.", param=where or None))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return error_response(RequestError(error.status_code, f"{request.method} {request.url.path}: {error.detail}"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        alive = app.state.worker.alive
+        return JSONResponse({"status": "ok" if alive else "worker stopped"}, status_code=200 if alive else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return p.ModelList(data=[p.ModelCard(id=defaults.model_name, created=started)]).model_dump()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = p.ChatCompletionRequest.model_validate(await read_json(request, defaults.max_body_bytes))
+        if not model.tokenizer.chat_template:
+            raise RequestError(400, f"model {defaults.model_name!r} has no chat template: send raw text to "
+                                    "/v1/completions instead.", param="messages")
+        messages = chat_messages(body)
+        return await generate(request, body, lambda: model.encode_chat(messages), ChatRender)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = p.CompletionRequest.model_validate(await read_json(request, defaults.max_body_bytes))
+        return await generate(request, body, prompt_encoder(model, body.prompt), CompletionRender)
+
+    async def generate(request: Request, body: p.GenerationRequest, encode: Callable[[], list[int]],
+                       render_type: type[Render]) -> Response:
+        if body.model is not None and body.model != defaults.model_name:
+            raise RequestError(404, f"model {body.model!r} is not served here; this server runs "
+                                    f"{defaults.model_name!r} (see /v1/models).", param="model", code="model_not_found")
+        unsupported = body.unsupported()
+        if unsupported:
+            raise RequestError(400, unsupported[1], param=unsupported[0])
+        method, options = decoding_method(body.paradecode, defaults)
+        kwargs = sampling_arguments(body, defaults)
+
+        def start():  # in the worker thread
+            try:
+                prompt_ids = encode()
+            except ParadecodeError:
+                raise
+            except Exception as error:  # e.g. a chat template that refuses a role
+                raise RequestError(400, f"could not encode the prompt: {type(error).__name__}: {error}",
+                                   param=render_type.prompt_field) from None
+            if len(prompt_ids) >= model.backend.max_length:
+                raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens but the model's context holds "
+                                        f"{model.backend.max_length}: shorten it.", code="context_length_exceeded",
+                                   param=render_type.prompt_field)
+            return model.stream(prompt_ids, method=method, options=options, **kwargs)
+
+        job = Job(start, method, asyncio.get_running_loop())
+        try:
+            app.state.worker.submit(job)
+        except Busy as error:
+            raise RequestError(503, str(error), kind="server_error") from None
+        render = render_type(defaults.model_name)
+        try:
+            first = await job.next_event(request.is_disconnected)
+        except Disconnected:
+            return Response(status_code=499)  # nobody reads it
+        except BaseException:
+            job.cancel()
+            raise
+        if first.kind == "error":
+            raise first.error
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_events(request, job, render, include_usage),
+                                     media_type="text/event-stream")
+        try:
+            texts = []
+            while (event := await job.next_event(request.is_disconnected)).kind == "delta":
+                texts.append(event.text)
+        except Disconnected:
+            return Response(status_code=499)
+        finally:
+            job.cancel()  # no-op once done; stops the generation if this handler is interrupted
+        if event.kind == "error":
+            raise event.error
+        result = event.result
+        return JSONResponse(render.response("".join(texts), FINISH_REASONS.get(result.stats.stop_reason, "stop"),
+                                            usage(result), decoding_stats(result, job)).model_dump())
+
+    return app
+
+
+async def stream_events(request: Request, job: Job, render: Render, include_usage: bool):
+    """Server-sent events of one generation; leaving early (the client went away) cancels the job."""
+    try:
+        for chunk in render.opening():
+            yield sse(chunk)
+        while (event := await job.next_event(request.is_disconnected)).kind == "delta":
+            yield sse(render.chunk(event.text))
+        if event.kind == "done":
+            result = event.result
+            yield sse(render.chunk(None, FINISH_REASONS.get(result.stats.stop_reason, "stop"),
+                                   decoding_stats(result, job)))
+            if include_usage:
+                yield sse(render.usage_chunk(usage(result)))
+        else:
+            yield sse(error_body(event.error))
+        yield sse("[DONE]")
+    except Disconnected:
+        return
+    finally:
+        job.cancel()
+
+
+def decoding_stats(result, job: Job) -> dict:
+    return {**result.stats.to_dict(with_steps=False), **job.timings()}
+
+

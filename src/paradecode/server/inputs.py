@@ -1,0 +1,138 @@
+"""From an OpenAI request to ``Model.stream`` arguments: the server's defaults, and every check a request meets.
+
+Everything here runs on the event loop and touches no model state (the method registry and the frozen configs
+check methods, options and sampling values); encoding the prompt is left to the worker thread. A bad request
+raises ``RequestError``, which carries its HTTP status and OpenAI's error fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from starlette.requests import ClientDisconnect, Request
+
+from paradecode.config import GenerationConfig, SamplingConfig
+from paradecode.drafters.base import build_options
+from paradecode.errors import ParadecodeError
+from paradecode.registry import get_method
+from paradecode.server import protocol as p
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """What a request gets for the fields it leaves out (the ``serve`` command's flags), and the server's limits."""
+
+    model_name: str  # the id clients send as ``model`` (``/v1/models`` lists it)
+    method: str = "ar"
+    options: Mapping[str, Any] = field(default_factory=dict)  # options of ``method``
+    draft_model: Optional[str] = None  # the one draft model requests may use
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop: tuple[str, ...] = ()
+    max_body_bytes: int = 1_000_000
+    max_waiting: int = 256  # queued requests beyond this are refused with 503
+
+
+class RequestError(ParadecodeError):
+    """A bad request with its HTTP status and OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, refusing (413) more than ``limit`` bytes, declared or sent."""
+    declared = request.headers.get("content-length", "")
+    too_large = RequestError(413, f"the request body is larger than this server's limit of {limit} bytes.")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    try:
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away while sending its request.") from None
+    try:
+        return json.loads(body)
+    except ValueError as error:
+        raise RequestError(400, f"the request body is not valid JSON: {error}.") from None
+
+
+def chat_messages(body: p.ChatCompletionRequest) -> list[dict]:
+    """OpenAI messages -> ``[{"role", "content"}]`` with text content (text parts joined)."""
+    if not body.messages:
+        raise RequestError(400, "messages is empty: send at least one message.", param="messages")
+    messages = []
+    for i, message in enumerate(body.messages):
+        content = message.content
+        if isinstance(content, list):
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise RequestError(400, f"message {i}: only text content parts are supported, got a "
+                                            f"{part.type!r} part.", param=f"messages.{i}.content")
+            content = "".join(part.text for part in content)
+        messages.append({"role": message.role, "content": content or ""})
+    return messages
+
+
+def prompt_encoder(model, prompt) -> Callable[[], list[int]]:
+    """What the worker calls to encode a completion prompt: text (no chat template) or token ids."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise RequestError(400, f"one prompt per request, got {len(prompt)}: send them as separate requests.",
+                               param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return lambda: model.encode(prompt, chat=False)
+    vocab = len(model.tokenizer)
+    if not prompt:
+        raise RequestError(400, "the prompt is empty: give some text or token ids.", param="prompt")
+    if any(not 0 <= t < vocab for t in prompt):
+        raise RequestError(400, f"prompt token ids must lie in [0, {vocab}).", param="prompt")
+    return lambda: list(prompt)
+
+
+def decoding_method(extension: Optional[p.Extension], defaults: ServerDefaults) -> tuple[str, dict]:
+    """The request's method and options (the server's when not given), checked by the method registry."""
+    method = (extension and extension.method) or defaults.method
+    if extension is not None and extension.options is not None:
+        options = dict(extension.options)
+    else:
+        options = dict(defaults.options) if method == defaults.method else {}
+    method_class = get_method(method)
+    takes_draft_model = dataclasses.is_dataclass(method_class.Options) and "draft_model" in {
+        f.name for f in dataclasses.fields(method_class.Options)}
+    asked = options.get("draft_model")
+    if asked is not None and asked != defaults.draft_model:
+        raise RequestError(400, f"this server drafts with {defaults.draft_model or 'no draft model'} only "
+                                "(its --draft-model); requests cannot load other models.",
+                           param="paradecode.options.draft_model")
+    if takes_draft_model and defaults.draft_model:
+        options.setdefault("draft_model", defaults.draft_model)
+    build_options(method_class, options)
+    return method, options
+
+
+def sampling_arguments(body: p.GenerationRequest, defaults: ServerDefaults) -> dict:
+    """``Model.stream`` keyword arguments from the request, the server's defaults filling the gaps; validated."""
+    given = lambda value, default: default if value is None else value  # noqa: E731
+    max_tokens = given(getattr(body, "max_completion_tokens", None), given(body.max_tokens, defaults.max_new_tokens))
+    if max_tokens < 1:
+        raise RequestError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+    kwargs = dict(max_new_tokens=max_tokens, temperature=given(body.temperature, defaults.temperature),
+                  top_k=given(body.top_k, defaults.top_k), top_p=given(body.top_p, defaults.top_p),
+                  seed=given(body.seed, defaults.seed),
+                  stop=tuple(body.stop_strings()) if body.stop is not None else defaults.stop)
+    GenerationConfig(max_new_tokens=max_tokens, stop=kwargs["stop"], sampling=SamplingConfig(
+        kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["seed"]))
+    return kwargs

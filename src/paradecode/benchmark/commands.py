@@ -78,7 +78,7 @@ def run_bench(args: argparse.Namespace) -> int:
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     selected = qs.select(qs.load_questions(path), per_category, categories)
     turns = 1 if args.turns == "first" else max(len(q.turns) for q in selected)
-    settings = dict(model=args.model, backend=args.backend, max_new_tokens=args.max_new_tokens, turns=args.turns,
+    settings = dict(model=args.model, backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens, turns=args.turns,
                     draft_model=args.draft_model, options={s.name: s.options for s in specs if s.options})
     variants = {s.name: s.method for s in specs if s.name != s.method}
     if variants:
@@ -104,7 +104,7 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         model = load_model(args)
         context["model_info"] = dict(name=model.name, model_dir=str(model.model_dir),
-                                     backend=type(model.backend).__name__, chat=model.chat,
+                                     backend=type(model.backend).__name__, dtype=model.dtype, chat=model.chat,
                                      max_length=getattr(model.backend, "max_length", None))
         contenders = []
         for spec in specs:

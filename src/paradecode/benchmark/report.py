@@ -40,7 +40,8 @@ def render_report(results: dict) -> str:
         lines += [f"**Partial run**: {done} of {total} (method, question) runs finished; "
                   "continue it with `--resume`.", ""]
     lines += [
-        f"- model: `{settings['model']}` (backend {results['model']['backend']}), greedy, "
+        f"- model: `{settings['model']}` (backend {results['model']['backend']}, "
+        f"dtype {results['model'].get('dtype', 'fp32')}), greedy, "
         f"max {settings['max_new_tokens']} new tokens, turns: {settings['turns']}",
         f"- questions: {results['questions']['selected']} from `{results['questions']['path']}` "
         f"(per category: {results['questions']['per_category'] or 'all'})",

@@ -1,4 +1,5 @@
-"""Lossless on the real model: every registered method reproduces greedy `ar` on Spec-Bench questions.
+"""Lossless on the real model: every registered method reproduces greedy `ar` of the same dtype (int8, the
+default, and fp32) on Spec-Bench questions.
 
 Slow (loads SmolLM2-135M-Instruct; the first run converts its GGUF into the cache), but run in CI. If a
 mismatch ever appears, the failure message shows the target's top-2 logit gap at the first differing
@@ -26,9 +27,9 @@ def _questions() -> list[str]:
     return [next(r["turns"][0] for r in rows if r["category"] == c) for c in CATEGORIES]
 
 
-@pytest.fixture(scope="module")
-def model():
-    return paradecode.load("smollm2-135m")
+@pytest.fixture(scope="module", params=["int8", "fp32"])
+def model(request):
+    return paradecode.load("smollm2-135m", dtype=request.param)
 
 
 @pytest.fixture(scope="module")

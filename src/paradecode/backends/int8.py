@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-FORMAT = 1  # bump when the quantized state changes meaning (invalidates cached int8 weights)
+FORMAT = 2  # bump when the quantized state changes meaning (invalidates cached int8 weights)
 CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.8, 0.75)  # weight scale candidates, as fractions of the max
 SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength; 0.5 measured best of 0.4 / 0.5 / 0.6 / 0.7 on SmolLM2
 
@@ -48,10 +48,11 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, K] float -> ([T, K] int8, [T, 1] float a[t] / 127): symmetric, one scale per row."""
+    """[T, K] float -> ([T, K] int8, [T, 1] float a[t] = max |x[t]|): symmetric, one scale per row; the row
+    is q * a / 127 (the 1/127 lives in ``Int8Linear.scale``)."""
     amax = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)  # [T, 1] (linalg's inf-norm is 10x slower here)
     q = torch.mul(x, 127.0 / amax).round_().to(torch.int8)  # |x * 127 / amax| <= 127: no clamp needed
-    return q, amax.div_(127.0)
+    return q, amax
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Int8Linear:
     """``x @ W.T + b`` with int8 weights and per-token int8 activations; the call signature of ``_Linear``."""
 
     weight: torch.Tensor  # [N, K] int8 contiguous, used through its [K, N] transpose view
-    scale: torch.Tensor  # [N] float32 per-output-channel scale
+    scale: torch.Tensor  # [N] float32: the weight's per-output-channel step / 127 (the activations' 1/127)
     bias: torch.Tensor | None  # [N] float32
     weight_t: torch.Tensor | None = None  # [K, N] int8 contiguous: the faster layout for many rows of a wide head
     precise: bool = False  # activations as int8 + int8 residual (about 15 bits), for outlier-heavy inputs
@@ -71,27 +72,35 @@ class Int8Linear:
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False,
                    precise: bool = False) -> Int8Linear:
-        q, scale = quantize_weight(weight)
-        return cls(q, scale, None if bias is None else bias.float(), q.t().contiguous() if wide else None, precise)
+        q, step = quantize_weight(weight)
+        return cls(q, step / 127.0, None if bias is None else bias.float(), q.t().contiguous() if wide else None,
+                   precise)
+
+    def _products(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, K] -> (int32 [T', N] integer products, [T', N] float scales), T' = 2T when precise."""
+        q, row_scale = quantize_rows(x)  # [T, K], [T, 1]
+        if self.precise:  # x = q a / 127 + residual; the residual's own int8 rows ride in the same matmul
+            q_res, res_scale = quantize_rows(torch.addcmul(x, q, row_scale, value=-1.0 / 127))
+            q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
+        weight = self._many_rows_weight if q.shape[0] > 2 else self._few_rows_weight
+        return torch._int_mm(q, weight), row_scale * self.scale
 
     def __call__(self, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """x [T, K] -> [T, N] float32."""
-        t = x.shape[0]
-        q, row_scale = quantize_rows(x)  # [T, K], [T, 1]
-        if self.precise:  # x = q * row_scale + residual; the residual's own int8 rows ride in the same matmul
-            q_res, res_scale = quantize_rows(x - q * row_scale)
-            q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
-        weight = self._many_rows_weight if q.shape[0] > 2 else self._few_rows_weight
-        out = torch.mul(torch._int_mm(q, weight), self.scale).mul_(row_scale)  # int32 [T', N] -> float32
+        acc, scales = self._products(x)
+        out = torch.mul(acc, scales)  # int32 * float -> float32
         if self.precise:
-            out = out[:t].add_(out[t:])
+            out = out[: x.shape[0]].add_(out[x.shape[0] :])
         return out if self.bias is None else out.add_(self.bias)
 
     wide = __call__
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """residual [T, N] + projection of x [T, K]."""
-        return self(x).add_(residual)
+        if self.precise or self.bias is not None:
+            return self(x).add_(residual)
+        acc, scales = self._products(x)
+        return torch.addcmul(residual, acc, scales)
 
 
 class ChannelRecorder:

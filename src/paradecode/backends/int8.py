@@ -66,7 +66,7 @@ class Int8Linear:
     precise: bool = False  # activations as int8 + int8 residual (about 15 bits), for outlier-heavy inputs
 
     def __post_init__(self) -> None:
-        self._few_rows_weight = self.weight.t()  # [K, N] view: the fast kernel for one or two rows
+        self._few_rows_weight = self.weight.t()  # [K, N] view: int_mm's matrix-vector kernel for one row
         self._many_rows_weight = self._few_rows_weight if self.weight_t is None else self.weight_t
 
     @classmethod
@@ -82,8 +82,11 @@ class Int8Linear:
         if self.precise:  # x = q a / 127 + residual; the residual's own int8 rows ride in the same matmul
             q_res, res_scale = quantize_rows(torch.addcmul(x, q, row_scale, value=-1.0 / 127))
             q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
-        weight = self._many_rows_weight if q.shape[0] > 2 else self._few_rows_weight
-        return torch._int_mm(q, weight), row_scale * self.scale
+        if q.shape[0] == 2:  # two matrix-vector products beat one two-row product (the second finds the cache warm)
+            acc = torch.cat((torch._int_mm(q[:1], self._few_rows_weight), torch._int_mm(q[1:], self._few_rows_weight)))
+        else:
+            acc = torch._int_mm(q, self._few_rows_weight if q.shape[0] == 1 else self._many_rows_weight)
+        return acc, row_scale * self.scale
 
     def __call__(self, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """x [T, K] -> [T, N] float32."""

@@ -41,8 +41,9 @@ def test_int8_linear_is_close_to_the_float_product_and_rows_are_independent():
     torch.manual_seed(0)
     weight, x = torch.randn(24, 40), torch.randn(6, 40)
     x[:, 3] *= 30  # an outlier channel
-    for precise in (False, True):
+    for precise, packed_one_row in [(False, False), (False, True), (True, False)]:
         linear = int8.Int8Linear.from_float(weight, precise=precise)
+        linear.packed_one_row = packed_one_row
         out = linear(x)
         exact = x @ weight.t()
         assert (out - exact).abs().max() < (0.02 if precise else 0.2) * exact.abs().max()
@@ -58,6 +59,8 @@ def test_int8_linear_is_close_to_the_float_product_and_rows_are_independent():
 def test_quantized_backend_stays_close_to_fp32_and_replaces_every_projection():
     fp32, q = tiny_backend(1, sharp=4.0), int8_backend(1, sharp=4.0)
     assert q.dtype == "int8" and isinstance(q._lm_head, int8.Int8Linear)
+    if torch.backends.quantized.engine in ("x86", "fbgemm"):  # both kernels available: one was chosen by timing
+        assert q._lm_head._packed is not None and set(q.kernel_timings) == {"int_mm", "fbgemm"}
     assert all(isinstance(getattr(layer, name), int8.Int8Linear) for layer in q._layers for name in int8.PROJECTIONS)
     ids = tokens(20, seed=1)
     a, b = uncached(fp32, ids), uncached(q, ids)

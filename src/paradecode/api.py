@@ -156,7 +156,10 @@ class Model:
             from paradecode.models import cache_root
             from paradecode.profile import cached_curve, relative
 
-            key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}"
+            from paradecode.backends.int8 import FORMAT
+
+            kernels = f"int8-v{FORMAT}" if self.dtype == "int8" else ""  # a kernel change measures anew
+            key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}|{kernels}"
             self._cost_curve = relative(cached_curve(self.backend, cache_root(self.cache_dir), key))
         return self._cost_curve
 

@@ -20,12 +20,13 @@ so it costs nothing at run time. ``amax_x`` comes from one fp32 pass over calibr
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
 
-FORMAT = 2  # bump when the quantized state changes meaning (invalidates cached int8 weights)
+FORMAT = 3  # bump when the quantized state changes meaning (invalidates cached int8 weights)
 CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.8, 0.75)  # weight scale candidates, as fractions of the max
 SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength; 0.5 measured best of 0.4 / 0.5 / 0.6 / 0.7 on SmolLM2
 
@@ -49,61 +50,75 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[T, K] float -> ([T, K] int8, [T, 1] float a[t] = max |x[t]|): symmetric, one scale per row; the row
-    is q * a / 127 (the 1/127 lives in ``Int8Linear.scale``)."""
+    is q * a / 127."""
     amax = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)  # [T, 1] (linalg's inf-norm is 10x slower here)
     q = torch.mul(x, 127.0 / amax).round_().to(torch.int8)  # |x * 127 / amax| <= 127: no clamp needed
     return q, amax
 
 
+def prepack(weight: torch.Tensor, step: torch.Tensor):
+    """fbgemm's packed form of a [N, K] int8 weight with per-channel ``step``, or None where PyTorch's quantized
+    engine cannot pack it (then every product runs through ``torch._int_mm``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor constructors warn of a future deprecation
+        try:
+            zero = torch.zeros(weight.shape[0], dtype=torch.long)
+            q = torch._make_per_channel_quantized_tensor(weight, step.double(), zero, 0)
+            return torch.ops.quantized.linear_prepack(q, None)
+        except (RuntimeError, AttributeError):
+            return None
+
+
 @dataclass
 class Int8Linear:
-    """``x @ W.T + b`` with int8 weights and per-token int8 activations; the call signature of ``_Linear``."""
+    """``x @ W.T + b`` with int8 weights and per-token int8 activations; the call signature of ``_Linear``.
 
-    weight: torch.Tensor  # [N, K] int8 contiguous, used through its [K, N] transpose view
-    scale: torch.Tensor  # [N] float32: the weight's per-output-channel step / 127 (the activations' 1/127)
+    Two exact kernels compute the same integer sums: ``torch._int_mm`` on the transposed view of the weight
+    (its matrix-vector path is the fastest for a single row of a small matrix), and fbgemm's prepacked int8
+    GEMM, which costs about the same for 1 to 8 rows (``int_mm`` costs 1.5-4x more from 2 rows on) and returns
+    ``sum * step`` in fp32 directly. fbgemm is handed the integer-valued rows with scale 1 and zero point 128,
+    so its own quantization of them is exact."""
+
+    weight: torch.Tensor  # [N, K] int8 contiguous
+    step: torch.Tensor  # [N] float32 per-output-channel quantization step
     bias: torch.Tensor | None  # [N] float32
-    weight_t: torch.Tensor | None = None  # [K, N] int8 contiguous: the faster layout for many rows of a wide head
     precise: bool = False  # activations as int8 + int8 residual (about 15 bits), for outlier-heavy inputs
+    packed_one_row: bool = False  # fbgemm for one row too (set by ``choose_one_row_kernel``)
 
     def __post_init__(self) -> None:
-        self._few_rows_weight = self.weight.t()  # [K, N] view: int_mm's matrix-vector kernel for one row
-        self._many_rows_weight = self._few_rows_weight if self.weight_t is None else self.weight_t
+        self._view = self.weight.t()  # [K, N] view for torch._int_mm
+        self._packed = prepack(self.weight, self.step)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False,
-                   precise: bool = False) -> Int8Linear:
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, precise: bool = False) -> Int8Linear:
         q, step = quantize_weight(weight)
-        return cls(q, step / 127.0, None if bias is None else bias.float(), q.t().contiguous() if wide else None,
-                   precise)
+        return cls(q, step, None if bias is None else bias.float(), precise)
 
-    def _products(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, K] -> (int32 [T', N] integer products, [T', N] float scales), T' = 2T when precise."""
-        q, row_scale = quantize_rows(x)  # [T, K], [T, 1]
-        if self.precise:  # x = q a / 127 + residual; the residual's own int8 rows ride in the same matmul
+    def _products(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, K] -> [T', N] float32 sum_k q[t, k] W[n, k] a[t] / 127, T' = 2T when precise (the residual rows)."""
+        q, row_scale = quantize_rows(x)  # [T, K] int8, [T, 1]
+        if self.precise:  # x = q a / 127 + residual; the residual's own int8 rows ride in the same product
             q_res, res_scale = quantize_rows(torch.addcmul(x, q, row_scale, value=-1.0 / 127))
             q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
-        if q.shape[0] == 2:  # two matrix-vector products beat one two-row product (the second finds the cache warm)
-            acc = torch.cat((torch._int_mm(q[:1], self._few_rows_weight), torch._int_mm(q[1:], self._few_rows_weight)))
-        else:
-            acc = torch._int_mm(q, self._few_rows_weight if q.shape[0] == 1 else self._many_rows_weight)
-        return acc, row_scale * self.scale
+        row_scale = row_scale.div_(127.0)
+        if self._packed is not None and (q.shape[0] > 1 or self.packed_one_row):
+            out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q.float(), 1.0, 128, self._packed)
+            return out.mul_(row_scale)  # [T', N]
+        return torch.mul(torch._int_mm(q, self._view), self.step).mul_(row_scale)  # int32 -> float32
 
     def __call__(self, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """x [T, K] -> [T, N] float32."""
-        acc, scales = self._products(x)
-        out = torch.mul(acc, scales)  # int32 * float -> float32
+        out = self._products(x)
         if self.precise:
             out = out[: x.shape[0]].add_(out[x.shape[0] :])
         return out if self.bias is None else out.add_(self.bias)
 
-    wide = __call__
+    def wide(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """residual [T, N] + projection of x [T, K]."""
-        if self.precise or self.bias is not None:
-            return self(x).add_(residual)
-        acc, scales = self._products(x)
-        return torch.addcmul(residual, acc, scales)
+        return self(x).add_(residual)
 
 
 class ChannelRecorder:
@@ -218,34 +233,67 @@ def quantize_backend(backend, calibration: Sequence[Sequence[int]]) -> None:
     m = smoothing(head.amax, backend._lm_head.weight)  # [D], into the final norm
     backend._norm = backend._norm / m
     backend._hidden_scale = m
-    backend._lm_head = Int8Linear.from_float(backend._lm_head.weight * m, None, wide=True, precise=True)
+    backend._lm_head = Int8Linear.from_float(backend._lm_head.weight * m, None, precise=True)
 
 
 def export_state(backend) -> dict[str, torch.Tensor]:
     """Everything ``quantize_backend`` changed, as named tensors (to cache and ``import_state`` later)."""
     state = {"norm": backend._norm, "hidden_scale": backend._hidden_scale,
-             "head.weight": backend._lm_head.weight, "head.scale": backend._lm_head.scale}
+             "head.weight": backend._lm_head.weight, "head.step": backend._lm_head.step}
     for i, layer in enumerate(backend._layers):
         state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"] = layer.attn_norm, layer.mlp_norm
         for name in PROJECTIONS:
             linear = getattr(layer, name)
-            state[f"{i}.{name}.weight"], state[f"{i}.{name}.scale"] = linear.weight, linear.scale
+            state[f"{i}.{name}.weight"], state[f"{i}.{name}.step"] = linear.weight, linear.step
             if linear.bias is not None:
                 state[f"{i}.{name}.bias"] = linear.bias
     return {key: value.contiguous() for key, value in state.items()}
 
 
 def import_state(backend, state: Mapping[str, torch.Tensor]) -> None:
-    """Install a state from ``export_state`` into a fp32 backend of the same shape."""
+    """Install a state from ``export_state`` into a fp32 backend of the same shape (then choose kernels)."""
     backend._norm, backend._hidden_scale = state["norm"], state["hidden_scale"]
-    head = state["head.weight"]
-    backend._lm_head = Int8Linear(head, state["head.scale"], None, head.t().contiguous(), precise=True)
+    backend._lm_head = Int8Linear(state["head.weight"], state["head.step"], None, precise=True)
     for i, layer in enumerate(backend._layers):
         layer.attn_norm, layer.mlp_norm = state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"]
         for name in PROJECTIONS:
-            setattr(layer, name, Int8Linear(state[f"{i}.{name}.weight"], state[f"{i}.{name}.scale"],
+            setattr(layer, name, Int8Linear(state[f"{i}.{name}.weight"], state[f"{i}.{name}.step"],
                                             state.get(f"{i}.{name}.bias"), precise=name in PRECISE))
 
 
 def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.clone()
+
+
+def choose_one_row_kernel(backend, repeats: int = 7) -> dict[str, float]:
+    """Time a one-token forward with the one-row products on ``torch._int_mm`` and on fbgemm and keep the
+    faster: the results are identical, the speed depends on the machine. Returns both median times."""
+    import statistics
+    import time
+
+    linears = [getattr(layer, name) for layer in backend._layers for name in PROJECTIONS] + [backend._lm_head]
+    if any(linear._packed is None for linear in linears):
+        return {}
+    context = min(32, backend.max_length - 1)
+    ids = torch.arange(context + 1) % backend.vocab_size
+
+    def one_token_seconds() -> float:
+        backend.reset()
+        backend.forward(ids[:context])
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            backend.forward(ids[context:])
+            times.append(time.perf_counter() - start)
+            backend.rollback(context)
+        backend.reset()
+        return statistics.median(times)
+
+    timings = {}
+    for kernel in ("int_mm", "fbgemm"):
+        for linear in linears:
+            linear.packed_one_row = kernel == "fbgemm"
+        timings[kernel] = one_token_seconds()
+    for linear in linears:
+        linear.packed_one_row = timings["fbgemm"] < timings["int_mm"]
+    return timings

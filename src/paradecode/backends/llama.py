@@ -168,6 +168,7 @@ class LlamaBackend:
         self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self._len = 0
         self._hidden_scale: torch.Tensor | None = None  # [D] undoes the LM head's smoothing on returned hidden
+        self.kernel_timings: dict[str, float] = {}  # int8: one-token forward time per one-row kernel tried
 
         def weight(name: str) -> torch.Tensor:
             return state[name].detach().to(dtype)
@@ -241,6 +242,7 @@ class LlamaBackend:
         else:
             int8.quantize_backend(self, calibration)
         self.dtype = "int8"
+        self.kernel_timings = int8.choose_one_row_kernel(self)
         return self
 
     @property

@@ -193,3 +193,25 @@ def test_unknown_dtype_is_refused_by_the_parser(capsys):
 def test_bad_dtype_input_exits_2_with_a_message(capsys, model_dir, argv, message):
     code = cli.main([argv[0], "--model", model_dir, *argv[1:]])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_verify_rows_equal_one_token_decoding_to_the_bit():
+    """The ar path (one token per pass) and a verify pass over a chain or a tree must give each row the very
+    same logits: int8 magnifies a last-bit difference (say, from attention summing in another order) into a
+    quantization step, and that would break the equality with ar on real models."""
+    backend = tiny_backend(5, layers=4, sharp=4.0).quantize_int8(CALIBRATION)
+    prompt, chain = tokens(40, seed=11), tokens(7, seed=12)
+    backend.reset()
+    backend.forward(prompt)
+    batch = backend.forward(chain).logits  # [7, V] one causal pass
+    backend.rollback(len(prompt))
+    one_by_one = torch.stack([backend.forward(token.view(1)).logits[0] for token in chain])
+    assert torch.equal(batch, one_by_one)
+    backend.rollback(len(prompt))
+    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
+    tree = backend.forward(chain[: len(TREE_PARENTS)], positions, tree_mask(TREE_PARENTS, len(prompt))).logits
+    for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (5, [5])]:
+        backend.rollback(len(prompt))
+        for i in path:
+            last = backend.forward(chain[i].view(1)).logits[0]
+        assert torch.equal(tree[node], last), node

@@ -10,7 +10,7 @@ Every projection is kept in both layouts, because MKL's best kernel depends on t
 dominate decoding, and ``F.linear`` (``W`` = ``[out, in]``) is ~8% faster from 4 rows on (SmolLM2-135M,
 one core). That doubles the weights' memory (about 0.5 GB more for SmolLM2) for speed at every T.
 
-The cache is one tensor ``[layers, max_length, 2 * kv_heads, head_dim]`` (keys, then values, per slot).
+The cache is one tensor ``[layers, 2 * kv_heads, max_length, head_dim]`` (the keys' heads, then the values').
 New tokens always take the next slots; ``positions`` only drive RoPE, so tree nodes can share a position.
 """
 
@@ -99,6 +99,7 @@ def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
 
 
 WIDE_ROWS = 12  # up to this many tokens, the LM head computes W @ x.T (see _Linear.wide)
+EXACT_ATTENTION_ROWS = 64  # int8: passes of up to this many new tokens compute attention in float64
 FEW_ROWS = 3  # up to this many tokens, projections use x @ W_t; beyond, F.linear (see the module docstring)
 
 
@@ -146,7 +147,7 @@ class _Layer:
     down: _Linear | int8.Int8Linear  # I -> D
     keys: torch.Tensor  # [1, Hkv, max_length, hd] view into the cache
     values: torch.Tensor  # [1, Hkv, max_length, hd] view into the cache
-    slots: torch.Tensor  # [max_length, 2 * Hkv, hd] this layer's cache, for writing
+    slots: torch.Tensor  # [2 * Hkv, max_length, hd] this layer's cache (key heads, then value heads), for writing
 
 
 class LlamaBackend:
@@ -179,7 +180,7 @@ class LlamaBackend:
 
         hd, hkv = shape.head_dim, shape.num_kv_heads
         # Keys then values for each slot; every layer gets views for writing and for attention.
-        self._cache = torch.zeros(shape.num_layers, self.max_length, 2 * hkv, hd, dtype=dtype)
+        self._cache = torch.zeros(shape.num_layers, 2 * hkv, self.max_length, hd, dtype=dtype)
         self._layers = []
         for i in range(shape.num_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -192,8 +193,8 @@ class LlamaBackend:
                     mlp_norm=weight(f"model.layers.{i}.post_attention_layernorm.weight"),
                     gate_up=linear([mlp + "gate_proj", mlp + "up_proj"], shape.mlp_bias),
                     down=linear([mlp + "down_proj"], shape.mlp_bias),
-                    keys=slots[:, :hkv].transpose(0, 1).unsqueeze(0),
-                    values=slots[:, hkv:].transpose(0, 1).unsqueeze(0),
+                    keys=slots[:hkv].unsqueeze(0),
+                    values=slots[hkv:].unsqueeze(0),
                     slots=slots,
                 )
             )
@@ -242,8 +243,18 @@ class LlamaBackend:
         else:
             int8.quantize_backend(self, calibration)
         self.dtype = "int8"
+        self._cache_in(torch.float64)  # exact attention reads it as it is (see _exact_attention)
         self.kernel_timings = int8.choose_one_row_kernel(self)
         return self
+
+    def _cache_in(self, dtype: torch.dtype) -> None:
+        """Reallocate the (empty) KV cache in ``dtype`` and point every layer's views at it."""
+        hkv = self.shape.num_kv_heads
+        self._cache = torch.zeros(self._cache.shape, dtype=dtype)
+        self._len = 0
+        for layer, slots in zip(self._layers, self._cache):
+            layer.slots = slots
+            layer.keys, layer.values = slots[:hkv].unsqueeze(0), slots[hkv:].unsqueeze(0)
 
     @property
     def cache_len(self) -> int:
@@ -263,8 +274,19 @@ class LlamaBackend:
             raise ValueError(f"commit keeps entries up to {start + keep[-1]}, the cache holds {self._len}")
         if keep != list(range(len(keep))):
             kept = torch.tensor(keep) + start  # [K] slots to move to start, start+1, ...
-            self._cache[:, start : start + len(keep)] = self._cache[:, kept]
+            self._cache[:, :, start : start + len(keep)] = self._cache[:, :, kept]
         self._len = start + len(keep)
+
+    @staticmethod
+    def _exact_attention(q: torch.Tensor, layer: _Layer, end: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of a few new tokens, q [T, Hq, hd], in float64 over the float64 cache -> [T, Hq * hd]
+        float32. A row's result then does not depend on how many rows share the pass or how many masked keys
+        follow its own: the float64 sums differ in their last bits at most, far below float32's rounding."""
+        t = q.shape[0]
+        q = q.transpose(0, 1).unsqueeze(0).double()  # [1, Hq, T, hd]
+        attn = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
+                                              enable_gqa=True)  # [1, Hq, T, hd] float64
+        return attn[0].transpose(0, 1).reshape(t, -1).float()
 
     @torch.inference_mode()
     def forward(
@@ -304,19 +326,28 @@ class LlamaBackend:
         s = self.shape
         hq, hkv, hd, d, half = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size, s.head_dim // 2
         few_rows = t <= FEW_ROWS
+        # int8 turns a last-bit difference in an activation into a whole quantization step, so the few-token
+        # passes of decoding and verification must agree to the bit: their attention runs in float64 (see
+        # _exact_attention); a long prefill keeps the fast fp32 kernel (its rows are never compared).
+        exact_attention = self.dtype == "int8" and t <= EXACT_ATTENTION_ROWS
         x = F.embedding(token_ids, self._embed)  # [T, D]
         for layer in run_layers:
             h = F.rms_norm(x, (d,), layer.attn_norm, s.rms_norm_eps)  # [T, D]
             qkv = layer.qkv(h, few_rows).view(t, hq + 2 * hkv, hd)  # [T, Hq + 2Hkv, hd]
             qk = qkv[:, : hq + hkv]  # [T, Hq + Hkv, hd]
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # RoPE on queries and keys together
-            layer.slots[start:end, :hkv] = qk[:, hq:]
-            layer.slots[start:end, hkv:] = qkv[:, hq + hkv :]
-            q = qk[:, :hq].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, hd]
-            attn = F.scaled_dot_product_attention(
-                q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask, enable_gqa=True
-            )  # [1, Hq, T, hd]
-            x = layer.o.add_to(x, attn[0].transpose(0, 1).reshape(t, hq * hd), few_rows)  # [T, D]
+            layer.slots[:hkv, start:end] = qk[:, hq:].transpose(0, 1)
+            layer.slots[hkv:, start:end] = qkv[:, hq + hkv :].transpose(0, 1)
+            if exact_attention:
+                attn = self._exact_attention(qk[:, :hq], layer, end, mask)  # [T, Hq * hd]
+            else:
+                q = qk[:, :hq].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, hd]
+                keys, values = layer.keys[:, :, :end], layer.values[:, :, :end]  # [1, Hkv, C+T, hd]
+                if keys.dtype != q.dtype:  # the int8 backend's float64 cache, in a long prefill
+                    keys, values = keys.to(q.dtype), values.to(q.dtype)
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True
+                                                      )[0].transpose(0, 1).reshape(t, hq * hd)  # [T, Hq * hd]
+            x = layer.o.add_to(x, attn, few_rows)  # [T, D]
             h = F.rms_norm(x, (d,), layer.mlp_norm, s.rms_norm_eps)
             gate, up = layer.gate_up(h, few_rows).chunk(2, dim=-1)  # [T, I] each
             x = layer.down.add_to(x, F.silu(gate) * up, few_rows)  # [T, D]

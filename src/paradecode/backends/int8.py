@@ -49,15 +49,14 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, K] float -> ([T, K] int8, [T, 1] float a[t] = max |x[t]|): symmetric, one scale per row; the row
-    is q * a / 127."""
+    """[T, K] float -> ([T, K] integers in [-127, 127], still float32; [T, 1] a[t] = max |x[t]|): symmetric,
+    one scale per row; the row is q * a / 127."""
     amax = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)  # [T, 1] (linalg's inf-norm is 10x slower here)
-    q = torch.mul(x, 127.0 / amax).round_().to(torch.int8)  # |x * 127 / amax| <= 127: no clamp needed
-    return q, amax
+    return torch.mul(x, 127.0 / amax).round_(), amax  # |x * 127 / amax| <= 127: no clamp needed
 
 
 def prepack(weight: torch.Tensor, step: torch.Tensor):
-    """fbgemm's packed form of a [N, K] int8 weight with per-channel ``step``, or None where PyTorch's quantized
+    """fbgemm's packed form of a [N, K] int8 weight with per-channel scales ``step``, or None where PyTorch's quantized
     engine cannot pack it (then every product runs through ``torch._int_mm``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantized tensor constructors warn of a future deprecation
@@ -87,7 +86,8 @@ class Int8Linear:
 
     def __post_init__(self) -> None:
         self._view = self.weight.t()  # [K, N] view for torch._int_mm
-        self._packed = prepack(self.weight, self.step)
+        self._scale = self.step / 127.0  # [N] per-channel step times the activations' 1/127
+        self._packed = prepack(self.weight, self._scale)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, precise: bool = False) -> Int8Linear:
@@ -96,15 +96,15 @@ class Int8Linear:
 
     def _products(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] -> [T', N] float32 sum_k q[t, k] W[n, k] a[t] / 127, T' = 2T when precise (the residual rows)."""
-        q, row_scale = quantize_rows(x)  # [T, K] int8, [T, 1]
+        q, row_scale = quantize_rows(x)  # [T, K] integer-valued, [T, 1]
         if self.precise:  # x = q a / 127 + residual; the residual's own int8 rows ride in the same product
             q_res, res_scale = quantize_rows(torch.addcmul(x, q, row_scale, value=-1.0 / 127))
             q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
-        row_scale = row_scale.div_(127.0)
         if self._packed is not None and (q.shape[0] > 1 or self.packed_one_row):
-            out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q.float(), 1.0, 128, self._packed)
-            return out.mul_(row_scale)  # [T', N]
-        return torch.mul(torch._int_mm(q, self._view), self.step).mul_(row_scale)  # int32 -> float32
+            out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128, self._packed)
+            return out.mul_(row_scale)  # [T', N]: fbgemm already applied the per-channel scale
+        acc = torch._int_mm(q.to(torch.int8), self._view)  # [T', N] int32
+        return torch.mul(acc, self._scale).mul_(row_scale)
 
     def __call__(self, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """x [T, K] -> [T, N] float32."""

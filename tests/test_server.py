@@ -215,8 +215,14 @@ def test_disconnect_stops_generation_and_frees_the_model(tmp_path):
             busy = httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT), timeout=5)
             assert busy.status_code == 503 and busy.json()["error"]["type"] == "server_error"  # the queue holds 1
         # The stream's client left after a few tokens: the model must be free long before 6 s.
+        # The server notices the disconnect on its own schedule (a busy machine delays it), so a request may
+        # still find the queue full for a moment: ask again until the slot frees, within the time limit.
         start = time.monotonic()
         answer = httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT, max_tokens=3), timeout=5)
+        while answer.status_code == 503 and time.monotonic() - start < 3:
+            time.sleep(0.05)
+            answer = httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT, max_tokens=3),
+                                timeout=5)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
         assert time.monotonic() - start < 3
         assert metric(base, "paradecode_requests_total", finish_reason="cancelled") == 2

@@ -387,6 +387,32 @@ def test_variants_compare_option_sets_of_one_method(tmp_path, capsys, tiny_model
     assert (out / "model_answer" / "pld1.jsonl").is_file()
 
 
+def test_a_dtype_variant_runs_on_its_own_copy_of_the_model(tmp_path, capsys, monkeypatch):
+    hf = tiny_llama(3, sharp=4.0)
+    calibration = [list(range(1, 40))]
+    by_dtype = {dtype: Model(LlamaBackend.from_hf(hf) if dtype == "fp32" else
+                             LlamaBackend.from_hf(hf).quantize_int8(calibration),
+                             TinyTokenizer(), name="tiny", model_dir=tmp_path / "m", chat=True)
+                for dtype in ("fp32", "int8")}
+    monkeypatch.setattr(commands, "load_model", lambda args: by_dtype[args.dtype])
+    qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:2])
+    out = tmp_path / "out"
+    code, streams = bench_cli(capsys, "--questions", str(qfile), "--max-new-tokens", "10", "--dtype", "int8",
+                              "--methods", "ar,pld,ar-fp32=ar", "--opt", "ar-fp32.dtype=fp32", "--out", str(out))
+    assert code == 0, streams.err
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"]["dtype"] == "int8"
+    assert results["settings"]["variant_dtypes"] == {"ar-fp32": "fp32"}
+    assert results["lossless"]["pld"]["share"] == 1.0  # pld on int8 equals ar on int8
+    answers = {r["method"]: r["turns"][0]["token_ids"] for r in results["records"] if r["question_id"] == 1}
+    assert set(answers) == {"ar", "pld", "ar-fp32"}
+    for label, dtype in [("ar", "int8"), ("ar-fp32", "fp32")]:  # each ran on its own model
+        assert answers[label] == by_dtype[dtype].generate(QUESTIONS[0]["turns"][0], max_new_tokens=10).token_ids
+    code, streams = bench_cli(capsys, "--questions", str(qfile), "--methods", "ar,x=llamacpp",
+                              "--opt", "x.dtype=fp32", "--out", str(tmp_path / "o2"))
+    assert code == 2 and "peers run their own weights" in streams.err
+
+
 @pytest.mark.parametrize("methods, message", [
     ("pld,pld", "listed twice"), ("ar=pld", "is itself a method"), ("x=nope", "unknown method 'nope'"),
     ("=pld", "LABEL=METHOD"), ("a.b=pld", "may not contain"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from paradecode.api import DTYPES
 from paradecode.backends.base import tree_depths
 from paradecode.benchmark.peers import PEERS, Peer
 from paradecode.benchmark.questions import Question, round_robin
@@ -33,6 +34,7 @@ class MethodSpec:
     peer: type[Peer] | None  # None: a registered paradecode method
     options: dict[str, Any]  # raw values, validated against the method's Options
     method: str  # the registered method or peer that runs (``name`` itself unless a variant)
+    dtype: str | None = None  # a paradecode method run on its own copy of the model in this dtype (--opt L.dtype=)
 
 
 def parse_method(entry: str) -> tuple[str, str]:
@@ -86,12 +88,16 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
                 f"peers: {', '.join(sorted(PEERS))}."
             )
         options = parse_options(by_method.get(name, []))
+        dtype = options.pop("dtype", None)
+        if dtype is not None and (peer or dtype not in DTYPES[1:]):
+            raise ParadecodeError(f"--opt {name}.dtype={dtype}: a paradecode method takes dtype "
+                                  f"{' or '.join(DTYPES[1:])} (peers run their own weights).")
         if draft_model and dataclasses.is_dataclass(cls.Options) and "draft_model" in {
             f.name for f in dataclasses.fields(cls.Options)
         }:
             options.setdefault("draft_model", draft_model)
         build_options(cls, options)  # raises a ParadecodeError for a bad option
-        specs.append(MethodSpec(name, peer, options, method))
+        specs.append(MethodSpec(name, peer, options, method, dtype))
     return specs
 
 

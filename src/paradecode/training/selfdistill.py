@@ -72,6 +72,8 @@ def answer_and_record(model, tokenizer, prompts: list[list[int]], config: Distil
     """Answers and hidden states for tokenized prompts: a list of {tokens [T], prompt_len, hidden [T, D] fp16}."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    configured = model.config.eos_token_id  # what the engine stops at too (api._eos_ids)
+    eos |= set([configured] if isinstance(configured, int) else configured or [])
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     rows: list[dict | None] = [None] * len(prompts)
     for first in range(0, len(order), config.batch_size):
@@ -87,7 +89,7 @@ def answer_and_record(model, tokenizer, prompts: list[list[int]], config: Distil
             torch.manual_seed(config.seed + first)
         generated = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
                                    do_sample=sampled, temperature=config.temperature if sampled else None,
-                                   top_p=None, top_k=None, pad_token_id=pad)  # [B, P + A]
+                                   top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(eos))  # [B, P + A]
         sequences = []
         for row, prompt in enumerate(batch):
             answer = generated[row, width:].tolist()

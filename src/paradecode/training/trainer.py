@@ -6,6 +6,7 @@ every epoch as fp16 safetensors + config.json (``heads.store``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -37,8 +38,8 @@ class TrainConfig:
 
 
 def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: Path, config: TrainConfig,
-               log: Callable[[str], None] = print, progress: bool = True, training_info: dict | None = None) -> dict:
-    """Train a head on self-distilled ``rows``; returns the saved config (with the per-epoch history)."""
+               log: Callable[[str], None] = print, progress: bool = True, training_info: dict | None = None):
+    """Train a head on self-distilled ``rows``; returns (the head, its saved config with the per-epoch history)."""
     from tqdm import tqdm
 
     torch.manual_seed(config.seed)
@@ -52,7 +53,8 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total = steps_per_epoch * config.epochs
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (
+    warmup = max(1, min(20, total // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
     state = dict(epoch=0, step=0, history=[], seconds=0.0)
     checkpoint = out / "checkpoint.pt"
@@ -94,7 +96,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             schedule.step()
             state["step"] += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}")
             if state["step"] % config.checkpoint_every == 0:
                 state["seconds"] += time.perf_counter() - started
                 started = time.perf_counter()
@@ -102,16 +104,18 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
         bar.close()
         state["seconds"] += time.perf_counter() - started
         accept = evaluate(head, target, lm_rows, vocab, holdout, config)
-        state["history"].append(dict(epoch=epoch + 1, loss=float(loss), **accept))
-        log(f"epoch {epoch + 1}: loss {float(loss):.3f}, held-out acceptance by depth "
-            f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
+        state["history"].append(dict(epoch=epoch + 1, loss=loss.item(), **accept))
         state["epoch"], state["step"] = epoch + 1, 0
         info = dict(training_info or {}, config=dataclasses.asdict(config), history=state["history"],
                     train_sequences=len(train), holdout_sequences=len(holdout), train_seconds=round(state["seconds"]))
         saved_config = head_config(head, target, target_name, vocab.ids if config.draft_vocab else None, info)
         save_head(out, head, saved_config, vocab.ids if config.draft_vocab else None)
         save_checkpoint()
-    return saved_config
+        log(f"epoch {epoch + 1}: loss {loss.item():.3f}, held-out acceptance by depth "
+            f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
+    if not saved_config:  # every epoch was done before: the head on disk is the result
+        saved_config = json.loads((out / "config.json").read_text())
+    return head, saved_config
 
 
 @torch.no_grad()

@@ -60,6 +60,9 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_p
     vocab = draft_vocab(data.rows, 48, 40)
     assert _loss(kind, trained, data, vocab) < 0.85 * _loss(kind, untrained, data, vocab)
     assert len(saved["training"]["history"]) == 5 and saved["draft_vocab_size"] == 40
+    sweep = saved["training"]["vocab_sweep"]
+    assert [row["size"] for row in sweep] == [5, 10, 20, 40]
+    assert [row["coverage"] for row in sweep] == sorted(row["coverage"] for row in sweep) and sweep[0]["coverage"] < 1
     loaded = load_head(tmp_path, kind, data.target)
     for name, tensor in trained.state_dict().items():  # fp16 on disk
         torch.testing.assert_close(loaded.module.state_dict()[name], tensor.half().float())

@@ -77,6 +77,11 @@ class EagleHead(nn.Module):
         self.gate_proj = nn.Linear(d, shape.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, shape.intermediate_size, bias=False)
         self.down_proj = nn.Linear(shape.intermediate_size, d, bias=False)
+        with torch.no_grad():  # start as "the next feature is this one": finite, target-scaled logits from step 0
+            self.fc.weight.zero_()
+            self.fc.weight[:, d:] = torch.eye(d)
+            self.o_proj.weight.zero_()
+            self.down_proj.weight.zero_()
         self.register_buffer("inv_freq", 1.0 / shape.rope_theta ** (torch.arange(0, hd, 2).float() / hd),
                              persistent=False)
 

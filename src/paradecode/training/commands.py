@@ -39,8 +39,8 @@ def add_commands(commands) -> None:
     train.add_argument("--out", required=True, help="folder for the head and its checkpoint")
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--batch-size", type=int, default=8, help="sequences per training step (default: 8)")
-    train.add_argument("--lr", type=float, default=5e-4)
-    train.add_argument("--draft-vocab", type=int, default=8192,
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--draft-vocab", type=int, default=4096,
                        help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
     train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
     train.add_argument("--medusa-heads", type=int, default=4)

@@ -17,7 +17,8 @@ import torch
 
 from paradecode.heads.eagle import HeadShape
 from paradecode.heads.store import TargetWeights, build_head, head_config, save_head
-from paradecode.training.losses import chain_acceptance, draft_vocab, eagle_loss, make_batch, medusa_loss
+from paradecode.training.losses import (DraftVocab, chain_acceptance, draft_vocab, eagle_loss, make_batch,
+                                        medusa_loss)
 
 LOSSES = {"eagle": eagle_loss, "medusa": medusa_loss}
 
@@ -27,8 +28,8 @@ class TrainConfig:
     kind: str = "eagle"
     epochs: int = 3
     batch_size: int = 8  # sequences per step
-    lr: float = 5e-4
-    draft_vocab: int = 8192  # draft logits over this many most frequent answer tokens (0: the full vocabulary)
+    lr: float = 1e-3
+    draft_vocab: int = 4096  # draft logits over this many most frequent answer tokens (0: the full vocabulary)
     depth: int = 3  # eagle: unrolled draft depths trained per step
     eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
     medusa_heads: int = 4
@@ -115,7 +116,28 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
     if not saved_config:  # every epoch was done before: the head on disk is the result
         saved_config = json.loads((out / "config.json").read_text())
+    elif config.draft_vocab:
+        saved_config["training"]["vocab_sweep"] = vocab_sweep(head, target, vocab, holdout, config)
+        log(f"draft vocabulary size vs held-out acceptance: {saved_config['training']['vocab_sweep']}")
+        save_head(out, head, saved_config, vocab.ids)
     return head, saved_config
+
+
+def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict], config: TrainConfig) -> list[dict]:
+    """Held-out acceptance when drafting over the N most frequent tokens only (``--opt draft_vocab=N``), for N
+    from an eighth of the trained draft vocabulary up to all of it, with the share of answer tokens it covers."""
+    sizes = sorted({max(1, len(vocab.ids) // f) for f in (8, 4, 2, 1)})
+    answers = torch.cat([r["tokens"][r["prompt_len"]:].long() for r in rows])
+    results = []
+    for size in sizes:
+        ids = vocab.ids[:size]
+        to_draft = torch.full_like(vocab.to_draft, -100)
+        to_draft[ids] = torch.arange(size)
+        accept = evaluate(head, target, target.lm_head[ids].contiguous(), DraftVocab(ids, to_draft), rows, config)
+        results.append(dict(size=size, coverage=round(float((to_draft[answers] >= 0).float().mean()), 4),
+                            acceptance=[round(a, 4) for a in accept["acceptance"]],
+                            tau_chain=round(accept["tau_chain"], 3)))
+    return results
 
 
 @torch.no_grad()

@@ -61,10 +61,11 @@ def generate(setup, method, prompt, head="", backend=None, max_new_tokens=24, te
     return out, stats
 
 
-CASES = [("eagle", "", {}), ("eagle", "", {"tree": False, "depth": 4}), ("eagle", "eagle-vocab", {"budget": 7}),
-         ("eagle", "", {"budget": 30, "branching": 2, "width": 6, "depth": 8}),
-         ("medusa", "", {}), ("medusa", "", {"tree": False}), ("medusa", "medusa-vocab", {"branching": 5}),
-         ("eagle", "eagle-vocab", {"draft_vocab": 10})]
+CASES = [("eagle", "", {"tree": True, "depth": 6}), ("eagle", "", {"depth": 4}),
+         ("eagle", "eagle-vocab", {"tree": True, "budget": 7}),
+         ("eagle", "", {"tree": True, "budget": 30, "branching": 2, "width": 6, "depth": 8}),
+         ("medusa", "", {"tree": True}), ("medusa", "", {}), ("medusa", "medusa-vocab", {"tree": True, "branching": 5}),
+         ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10})]
 
 
 @pytest.mark.parametrize("method,head,options", CASES)
@@ -79,7 +80,7 @@ def test_greedy_equals_autoregressive(setup, method, head, options):
             drafted += stats.drafted_tokens
             accepted += stats.accepted_tokens
     assert 0 < drafted and accepted < drafted  # drafts are made and (random heads) mostly rejected
-    assert accepted > 0 or options.get("tree") is False  # trees of random heads hit the target's token at times
+    assert accepted > 0 or not options.get("tree")  # trees of random heads hit the target's token at times
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
@@ -94,8 +95,8 @@ def test_eos_inside_a_draft_and_chain_only_backends(setup, method):
         assert got == reference and all(s.parents is None for s in stats.steps)
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
-def test_sampling_through_the_engine_matches_the_model(tmp_path, method):
+@pytest.mark.parametrize("method,tree", [("eagle", True), ("medusa", True), ("eagle", False)])
+def test_sampling_through_the_engine_matches_the_model(tmp_path, method, tree):
     """The first two tokens sampled with a random head and a draft vocabulary (trees of branching 3) follow
     the target's joint law p(a) p(b | a)."""
     vocab, prompt, runs = 8, [1, 2, 3], 1500
@@ -115,7 +116,7 @@ def test_sampling_through_the_engine_matches_the_model(tmp_path, method):
     accepted = 0
     for seed in range(runs):
         out, stats = generate(setup, method, prompt, max_new_tokens=3, temperature=1.0, seed=seed,
-                              budget=6, branching=3, width=3)
+                              tree=tree, budget=6, branching=3, width=3, depth=3)
         counts[out[0], out[1]] += 1
         accepted += stats.accepted_tokens
     assert accepted > runs // 10  # drafts are accepted often enough for the test to see them
@@ -131,8 +132,8 @@ def test_eagle_tree_children_rank_by_their_branch_logits(setup):
     from paradecode.drafters.base import DecodeState
 
     context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
-    drafter = get_method("eagle").create({"head": str(setup.heads["eagle"]), "budget": 20, "branching": 3,
-                                          "width": 4}, context)
+    drafter = get_method("eagle").create({"head": str(setup.heads["eagle"]), "tree": True, "budget": 20,
+                                          "branching": 3, "width": 4, "depth": 6}, context)
     prompt = [4, 8, 15, 16, 23, 42, 7]
     backend = setup.backend
     backend.reset()

@@ -31,11 +31,11 @@ from paradecode.verify.base import Verdict
 @dataclass(frozen=True)
 class EagleOptions:
     head: str = ""  # head folder (config.json + head.safetensors); "" = the head shipped for the model
-    tree: bool = True  # False: draft a chain
+    tree: bool = False  # True: EAGLE-2's dynamic tree (a chain was faster on a 2-core CPU, see docs/heads.md)
     budget: int = 16  # most tree nodes per step
     branching: int = 4  # most children per node
     width: int = 4  # nodes expanded per head forward
-    depth: int = 6  # deepest draft (the chain's length)
+    depth: int = 3  # deepest draft (the chain's length)
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
 
     def __post_init__(self) -> None:

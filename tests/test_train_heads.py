@@ -43,6 +43,18 @@ def test_data_is_the_targets_greedy_answers_and_hidden_states(data):
         torch.testing.assert_close(row["hidden"].float(), hidden, atol=2e-2, rtol=1e-2)  # stored in fp16
 
 
+def test_data_folder_refuses_other_prompts(tmp_path):
+    from paradecode.training.selfdistill import generate_dataset
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=5)
+    config = DistillConfig(max_new_tokens=4, batch_size=8)
+    first = generate_dataset(model_dir, ["w1 w2", "w3"], tmp_path / "data", config, log=lambda m: None)
+    again = generate_dataset(model_dir, ["w1 w2", "w3"], tmp_path / "data", config, log=lambda m: None)
+    assert first == again and len(first) == 1
+    with pytest.raises(ParadecodeError, match="holds answers to other prompts"):
+        generate_dataset(model_dir, ["w4"], tmp_path / "data", config, log=lambda m: None)
+
+
 def _loss(kind, head, data, vocab):
     batch = make_batch(data.rows[:16])
     with torch.no_grad():

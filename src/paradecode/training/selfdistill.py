@@ -10,12 +10,17 @@ states), so an interrupted run resumes at the first missing shard.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from paradecode.errors import ParadecodeError
 
 SHARD_SIZE = 64  # prompts per saved shard
 
@@ -39,9 +44,16 @@ def generate_dataset(model_dir: Path, prompts: list[str], out: Path, config: Dis
     model = None
     shards = []
     start = time.perf_counter()
+    manifest_path = out / "manifest.json"  # what each shard answers, so a reused folder cannot mix data sets
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     for index, first in enumerate(range(0, len(prompts), SHARD_SIZE)):
         path = out / f"shard-{index:05d}.pt"
         shards.append(path)
+        key = hashlib.sha256(json.dumps([dataclasses.asdict(config), prompts[first : first + SHARD_SIZE]]).encode())
+        if manifest.setdefault(path.name, key.hexdigest()) != key.hexdigest():
+            raise ParadecodeError(f"{out} holds answers to other prompts or settings ({path.name}); "
+                                  "pass another --data folder.")
+        manifest_path.write_text(json.dumps(manifest, indent=1))
         if path.exists():
             continue
         if model is None:

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_measure_commands(commands)
     from paradecode.server.commands import add_commands as add_server_commands
     add_server_commands(commands)
+    from paradecode.training.commands import add_commands as add_training_commands
+    add_training_commands(commands)
     return parser
 
 

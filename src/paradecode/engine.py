@@ -4,7 +4,9 @@ Invariant: the backend's cache holds every token of ``state.tokens`` except the 
 feeds the root followed by the drafted nodes (and any extra inputs) in one forward pass, so row 0 of the
 logits predicts the token after the root and row 1+i the token after node i. Verification picks the accepted
 path; the cache keeps the root plus that path, and the target's own next token becomes the new root.
-Plain autoregressive decoding is the same loop with an empty proposal.
+Plain autoregressive decoding is the same loop with an empty proposal. A drafter with ``needs_hidden`` (trained
+heads) also gets the target's last hidden states: the prefill's on ``DecodeState.prompt_hidden`` and each
+step's rows (root, then nodes) on ``Verdict.target_hidden``.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ def decode(
 
     start = time.perf_counter()
     backend.reset()
+    hidden = drafter.needs_hidden  # trained heads read the target's hidden states (prefill and every step)
+    prompt_hidden = None
     if len(prompt) > 1:
-        backend.forward(torch.tensor(prompt[:-1], dtype=torch.long))
+        prompt_hidden = backend.forward(torch.tensor(prompt[:-1], dtype=torch.long), return_hidden=hidden).hidden
     state = DecodeState(
         tokens=list(prompt),
         prompt_len=len(prompt),
@@ -63,6 +67,7 @@ def decode(
         eos_ids=frozenset(eos_ids) if config.stop_on_eos else frozenset(),
         supports_tree=backend.supports_tree,
         target=backend,
+        prompt_hidden=prompt_hidden,
     )
     drafter.begin(state)
     stats.prefill_time_s = time.perf_counter() - start
@@ -73,7 +78,7 @@ def decode(
         room = backend.max_length - len(state.tokens)  # tokens that still fit in the context
         state.max_draft = max(0, min(remaining, room) - 1)
         proposal = _fit(drafter.propose(state), state.max_draft, room, backend.supports_tree)
-        verdict = _score_and_verify(backend, proposal, state)
+        verdict = _score_and_verify(backend, proposal, state, hidden)
         new_tokens = verdict.accepted_tokens + [verdict.next_token]
         new_tokens, stop_reason = _cut(new_tokens, state, config, text_of, room)
         state.tokens.extend(new_tokens)
@@ -135,7 +140,7 @@ def _fit(proposal: Proposal, max_draft: int, room: int, supports_tree: bool) -> 
     return proposal
 
 
-def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState) -> Verdict:
+def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, hidden: bool = False) -> Verdict:
     cache_len = len(state.tokens) - 1
     root = state.tokens[-1]
     n = len(proposal.tokens)
@@ -156,7 +161,7 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState) 
         extra_rows[:, cache_len:] = proposal.extra_mask
         mask = torch.cat([torch.cat([base, torch.zeros(1 + n, len(extras), dtype=torch.bool)], dim=1), extra_rows])
     out = backend.forward(
-        torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), mask
+        torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), mask, return_hidden=hidden
     )
     logits = out.logits[: 1 + n]  # [1+N, V]
     if state.sampling.greedy:
@@ -170,6 +175,7 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState) 
     backend.commit(cache_len, [0] + [1 + i for i in verdict.accepted])
     verdict.target_logits = logits
     verdict.extra_logits = out.logits[1 + n :] if extras else None
+    verdict.target_hidden = out.hidden[: 1 + n] if hidden else None  # [1+N, D]
     return verdict
 
 

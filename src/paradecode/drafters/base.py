@@ -30,6 +30,7 @@ class DecodeState:
     eos_ids: frozenset[int] = frozenset()
     supports_tree: bool = True  # False: the target backend verifies chains only
     target: Any = None  # the target Backend; only self-speculative drafters (layer skip) run it, by design
+    prompt_hidden: torch.Tensor | None = None  # [P-1, D] target hidden states of the prefill (needs_hidden)
 
     @property
     def output_len(self) -> int:
@@ -61,6 +62,7 @@ class Drafter:
     Options: ClassVar[type] = type("NoOptions", (), {})
     lossless_sampling: ClassVar[bool] = True  # False: the method refuses temperature > 0
     needs_draft_probs_under_sampling: ClassVar[bool] = False
+    needs_hidden: ClassVar[bool] = False  # True: the engine hands over the target's hidden states (trained heads)
 
     def __init__(self, options: Any = None, context: Any = None) -> None:
         self.options = options

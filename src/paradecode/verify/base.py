@@ -16,4 +16,5 @@ class Verdict:
     # Filled in by the engine for drafters that learn from the target (lookahead, auto, adaptive lengths):
     target_logits: torch.Tensor | None = field(default=None, repr=False)  # [1+N, V] root then draft nodes
     extra_logits: torch.Tensor | None = field(default=None, repr=False)  # [E, V] for Proposal.extra tokens
+    target_hidden: torch.Tensor | None = field(default=None, repr=False)  # [1+N, D] for drafters that need_hidden
     committed_tokens: list[int] = field(default_factory=list)  # what the step added to the output

@@ -1,0 +1,113 @@
+"""EAGLE drafting (Li et al. 2024): a one-layer head autoregresses on the target's features; EAGLE-2's tree.
+
+Pairs (f_i, t_{i+1}) of the committed text sit in the head's own KV cache (``EagleCache``), pair i at slot
+and position i. Each step the pairs the last verification produced are fed first: the target's hidden
+states of the root and of every accepted node, each with the token that followed it (the accepted tokens
+and the new root). The last pair's output predicts the root's feature; its LM-head image gives the draft
+distribution after the root. A tree node x with parent feature g becomes the pair (g, x) at position
+``committed - 1 + depth``, fed with a tree mask (the committed pairs, its ancestors, itself); its output
+is the feature its own children are drafted from. After drafting, the cache is cut back to the committed
+pairs: the draft pairs carried predicted features, and the next step feeds the target's real ones.
+
+Before the first step the prompt's pairs come from the prefill's hidden states; a one-token prompt has
+none, so its first step drafts nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paradecode.backends.base import causal_mask
+from paradecode.drafters.base import DecodeState, Proposal
+from paradecode.drafters.head_drafter import HeadDrafter, check_tree_options
+from paradecode.drafters.head_tree import DraftTree, grow_tree, tree_limits
+from paradecode.heads.eagle import EagleCache
+from paradecode.registry import register
+from paradecode.verify.base import Verdict
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    head: str = ""  # head folder (config.json + head.safetensors); "" = the head shipped for the model
+    tree: bool = False  # True: EAGLE-2's dynamic tree (a chain was faster on a 2-core CPU, see docs/heads.md)
+    budget: int = 16  # most tree nodes per step
+    branching: int = 4  # most children per node
+    width: int = 4  # nodes expanded per head forward
+    depth: int = 3  # deepest draft (the chain's length)
+    draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
+
+    def __post_init__(self) -> None:
+        check_tree_options("eagle", self)
+
+
+@register("eagle")
+class EagleDrafter(HeadDrafter):
+    """Drafts with an EAGLE head; see the module docstring."""
+
+    Options = EagleOptions
+    kind = "eagle"
+
+    def begin(self, state: DecodeState) -> None:
+        room = getattr(state.target, "max_length", 4096) + self.options.budget + 1
+        self.cache = EagleCache(self.module.shape, room)
+        features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2}
+        self.pending = (features, state.tokens[1 : state.prompt_len]) if features is not None else None
+        self.root_feature: torch.Tensor | None = None  # [D] predicted feature of the root
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Proposal:
+        if self.pending is not None:
+            features, tokens = self.pending
+            out = self._feed(features, tokens, None, None)  # [T, D]
+            self.root_feature, self.pending = out[-1], None
+        if self.root_feature is None or state.max_draft <= 0:
+            return Proposal()
+        o, runtime = self.options, self.runtime
+        committed = self.cache.length
+        node_features: list[torch.Tensor] = []  # [D] output feature of each expanded node, by node index
+        slot: dict[int, int] = {}  # expanded node -> its cache slot after the committed pairs
+
+        def expand(batch: list[int], tree: DraftTree) -> torch.Tensor:
+            fed = self.cache.length - committed
+            parent_features = torch.stack([self.root_feature if tree.parents[n] < 0 else node_features[slot[tree.parents[n]]]
+                                           for n in batch])  # [B, D]
+            positions = torch.tensor([committed - 1 + tree.depths[n] for n in batch])
+            mask = torch.zeros(len(batch), committed + fed + len(batch), dtype=torch.bool)  # [B, C + fed + B]
+            mask[:, :committed] = True
+            for row, node in enumerate(batch):
+                ancestor = tree.parents[node]
+                while ancestor >= 0:
+                    mask[row, committed + slot[ancestor]] = True
+                    ancestor = tree.parents[ancestor]
+                mask[row, committed + fed + row] = True
+                slot[node] = fed + row
+            out = self._feed(parent_features, [tree.tokens[n] for n in batch], positions, mask)  # [B, D]
+            node_features.extend(out)
+            return runtime.draft_logits(out)  # [B, Vd]
+
+        limits = tree_limits(o.tree, o.budget, o.branching, o.width, o.depth, state)
+        try:
+            return grow_tree(runtime.draft_logits(self.root_feature), expand, state, limits, runtime.ids,
+                             runtime.vocab)
+        finally:
+            self.cache.length = committed  # drop the draft pairs: the next step feeds the target's features
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        rows = [0] + [1 + i for i in verdict.accepted]  # the root and the accepted nodes
+        features = verdict.target_hidden[rows].float()  # [A+1, D]
+        self.pending = (features, verdict.accepted_tokens + [verdict.next_token])
+
+    def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor | None,
+              mask: torch.Tensor | None) -> torch.Tensor:
+        """Run the head on pairs (features [T, D], tokens [T]) appended to its cache -> output features [T, D].
+        Default positions and mask: the next slots, causally."""
+        start, t = self.cache.length, len(tokens)
+        if positions is None:
+            positions = torch.arange(start, start + t)
+            mask = causal_mask(start, t)
+        embeds = self.runtime.embed[torch.tensor(tokens, dtype=torch.long)]  # [T, D]
+        out, _ = self.module(embeds[None], features[None], positions[None], mask[None], cache=self.cache)
+        self.draft_forward_passes += 1
+        return out[0]

@@ -1,0 +1,64 @@
+"""Medusa drafting (Cai et al. 2024): K heads on the target's last hidden state, their top tokens as a tree.
+
+The target's hidden state that produced the root (the last accepted row of the previous verification, or
+the prefill's last row) feeds all K heads at once; head k gives the draft distribution of the token k places
+after the root. A tree node at depth d offers its children from head d+1 (Medusa's candidates do not depend
+on the parent token), ranked and grown best-first by path confidence like EAGLE-2's tree (``head_tree``), so
+no head runs more than once per step. ``tree=false`` drafts a chain of each head's top token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from paradecode.drafters.base import DecodeState, Proposal
+from paradecode.drafters.head_drafter import HeadDrafter, check_tree_options
+from paradecode.drafters.head_tree import DraftTree, grow_tree, tree_limits
+from paradecode.registry import register
+from paradecode.verify.base import Verdict
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    head: str = ""  # head folder (config.json + head.safetensors); "" = the heads shipped for the model
+    tree: bool = False  # True: a tree of the heads' top tokens (a chain was faster on a 2-core CPU)
+    budget: int = 12  # most tree nodes per step
+    branching: int = 3  # most children per node
+    width: int = 12  # nodes offered per round (all heads are computed at once, so wide rounds cost nothing)
+    depth: int = 3  # deepest draft (the chain's length); at most the number of heads
+    draft_vocab: int = 0  # keep the heads' N most frequent draft tokens (0: their whole draft vocabulary)
+
+    def __post_init__(self) -> None:
+        check_tree_options("medusa", self)
+
+
+@register("medusa")
+class MedusaDrafter(HeadDrafter):
+    """Drafts with Medusa heads; see the module docstring."""
+
+    Options = MedusaOptions
+    kind = "medusa"
+
+    def begin(self, state: DecodeState) -> None:
+        features = self.prompt_features(state)  # [P-1, D]
+        self.root_hidden = None if features is None else features[-1]  # [D] the row that predicted the root
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Proposal:
+        if self.root_hidden is None or state.max_draft <= 0:
+            return Proposal()
+        logits = self.runtime.draft_logits(self.module(self.root_hidden))  # [K, Vd]
+        self.draft_forward_passes += 1
+        o = self.options
+        limits = tree_limits(o.tree, o.budget, o.branching, o.width, min(o.depth, self.module.num_heads), state)
+
+        def expand(batch: list[int], tree: DraftTree) -> torch.Tensor:
+            return logits[[tree.depths[n] for n in batch]]  # [B, Vd] children of depth d come from head d+1
+
+        return grow_tree(logits[0], expand, state, limits, self.runtime.ids, self.runtime.vocab)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        last = 1 + verdict.accepted[-1] if verdict.accepted else 0  # the row whose logits gave the new root
+        self.root_hidden = verdict.target_hidden[last].float()

@@ -1,0 +1,1 @@
+"""Trained draft heads (EAGLE, Medusa): the modules, and saving / loading / checking them (``store``)."""

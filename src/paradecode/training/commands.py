@@ -1,0 +1,117 @@
+"""The ``paradecode train-draft`` and ``paradecode export-draft`` commands (added to the CLI by ``add_commands``).
+
+    paradecode train-draft --kind eagle --model smollm2-135m --prompts builtin --out heads/eagle-mine
+    paradecode generate --method eagle --opt head=heads/eagle-mine "..."
+    paradecode export-draft --head heads/eagle-mine --model smollm2-135m --out heads/eagle-mine-vllm
+
+``train-draft`` answers the prompts with the target (batched, saved in shards under ``--data``, default
+``OUT/data``), then trains the head; both stages resume after an interruption when run again with the same
+arguments. Arguments are checked before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from paradecode.errors import ParadecodeError
+
+
+def add_commands(commands) -> None:
+    from paradecode.models import DEFAULT_MODEL
+
+    train = commands.add_parser(
+        "train-draft", help="train an EAGLE or Medusa draft head by self-distillation",
+        description="Answer a prompt set with the target model, record its hidden states, and train a draft head "
+                    "on them. Writes OUT/head.safetensors and OUT/config.json (use with --opt head=OUT).")
+    train.add_argument("--kind", choices=("eagle", "medusa"), required=True)
+    train.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"target model (default: {DEFAULT_MODEL})")
+    train.add_argument("--cache-dir", help="model cache folder")
+    train.add_argument("--prompts", default="builtin",
+                       help="'builtin' (paradecode's own prompt set) or a .jsonl file of {\"prompt\": ...} lines")
+    train.add_argument("--num-prompts", type=int, default=640, help="prompts to answer (default: 640)")
+    train.add_argument("--max-new-tokens", type=int, default=128, help="answer length (default: 128)")
+    train.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate() batch (default: 32)")
+    train.add_argument("--data", help="folder for the generated data (default: OUT/data); shared by several runs")
+    train.add_argument("--out", required=True, help="folder for the head and its checkpoint")
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--batch-size", type=int, default=8, help="sequences per training step (default: 8)")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--draft-vocab", type=int, default=4096,
+                       help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
+    train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
+    train.add_argument("--medusa-heads", type=int, default=4)
+    train.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.set_defaults(run=run_train)
+
+    export = commands.add_parser(
+        "export-draft", help="export an EAGLE head as a vLLM / SGLang EAGLE checkpoint",
+        description="Write the EAGLE head in the layout of EAGLE-1 checkpoints that vLLM's and SGLang's "
+                    "'eagle' speculative method loads (config.json + model.safetensors).")
+    export.add_argument("--head", required=True, help="head folder written by train-draft")
+    export.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"its target model (default: {DEFAULT_MODEL})")
+    export.add_argument("--cache-dir", help="model cache folder")
+    export.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                        help="serving engine whose EAGLE loader the config names (default: vllm)")
+    export.add_argument("--out", required=True, help="folder to write")
+    export.set_defaults(run=run_export)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from paradecode.heads.store import target_weights
+    from paradecode.models import resolve
+    from paradecode.training.prompts import read_prompts
+    from paradecode.training.selfdistill import DistillConfig, generate_dataset, load_shards
+    from paradecode.training.trainer import TrainConfig, train_head
+
+    for name in ("num_prompts", "max_new_tokens", "gen_batch_size", "epochs", "batch_size", "depth",
+                 "medusa_heads", "threads"):
+        if getattr(args, name) < 1:
+            raise ParadecodeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.draft_vocab < 0 or args.lr <= 0:
+        raise ParadecodeError("--draft-vocab must be >= 0 and --lr > 0.")
+    prompts = read_prompts(args.prompts, args.num_prompts)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    data = Path(args.data) if args.data else out / "data"
+    model_dir, _ = resolve(args.model, args.cache_dir)
+    started = time.perf_counter()
+    shards = generate_dataset(model_dir, prompts, data, DistillConfig(args.max_new_tokens, args.gen_batch_size),
+                              log=_log)
+    data_seconds = time.perf_counter() - started
+    rows = load_shards(shards)
+    answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
+    _log(f"data: {len(rows)} answers, {answer_tokens} answer tokens (this run spent {data_seconds:.0f} s on it)")
+    config = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                         draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads)
+    info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                prompts=args.prompts, answers=len(rows), answer_tokens=answer_tokens)
+    _, saved = train_head(rows, target_weights(str(model_dir)), args.model, out, config, log=_log,
+                       progress=not args.no_progress, training_info=info)
+    last = saved["training"]["history"][-1]
+    _log(f"saved {out}/head.safetensors; held-out estimated tokens/step {last['tau_chain']:.2f}; "
+         f"use it with: paradecode generate --method {args.kind} --opt head={out} ...")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from paradecode.heads.store import load_head, target_weights
+    from paradecode.models import resolve
+    from paradecode.training.export import export_eagle
+
+    model_dir, _ = resolve(args.model, args.cache_dir)
+    target = target_weights(str(model_dir))
+    head = load_head(args.head, "eagle", target)
+    export_eagle(head, target, Path(args.out), args.engine)
+    _log(f"wrote {args.out}/config.json and model.safetensors ({args.engine} EAGLE-1 layout)")
+    return 0
+
+
+def _log(message: str) -> None:
+    print(f"paradecode: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,157 @@
+"""Per-batch losses and held-out acceptance for EAGLE and Medusa heads, on self-distilled sequences.
+
+A batch holds right-padded sequences (prompt + the target's answer): ``tokens`` [B, T], the target's hidden
+states ``hidden`` [B, T, D] and the validity masks below. Draft logits are taken over the draft vocabulary
+only; a label outside it is ignored (it can never be drafted).
+
+EAGLE, unrolled like a real chain (the "training-time test" of EAGLE-3, in its exact form): pass 1 feeds
+the pairs (f_i, t_{i+1}) and predicts f_{i+1}, hence t_{i+2}. Pass k (k >= 2) at position i is the depth-k
+draft of a chain whose root is r = i - k + 2: its input feature is pass k-1's output at i - 1, and it attends
+to pass 1's keys at positions <= r - 1 (the committed pairs, true features) and to pass j's key at
+position r - 2 + j for j = 2..k (its own chain), as drafting does. Medusa: head k at position i predicts
+t_{i+1+k}. A depth-k draft from root r counts for the loss when r is the last prompt token or an answer
+token and its label is a real token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from paradecode.heads.eagle import EagleHead
+from paradecode.heads.medusa import MedusaHeads
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, T] int64
+    hidden: torch.Tensor  # [B, T, D] float32
+    lengths: torch.Tensor  # [B]
+    prompt_lens: torch.Tensor  # [B]
+
+
+@dataclass
+class DraftVocab:
+    ids: torch.Tensor  # [Vd] full ids, most frequent first
+    to_draft: torch.Tensor  # [V] draft index of each full id, -100 outside
+
+
+def make_batch(rows: list[dict]) -> Batch:
+    width = max(len(r["tokens"]) for r in rows)
+    d = rows[0]["hidden"].shape[-1]
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    hidden = torch.zeros(len(rows), width, d)
+    for i, r in enumerate(rows):
+        n = len(r["tokens"])
+        tokens[i, :n] = r["tokens"].long()
+        hidden[i, :n] = r["hidden"].float()
+    return Batch(tokens, hidden, torch.tensor([len(r["tokens"]) for r in rows]),
+                 torch.tensor([r["prompt_len"] for r in rows]))
+
+
+def draft_vocab(rows: list[dict], vocab: int, size: int) -> DraftVocab:
+    """The ``size`` most frequent answer tokens of ``rows`` (all tokens when size is 0 or >= vocab)."""
+    counts = torch.zeros(vocab)
+    for r in rows:
+        counts.index_add_(0, r["tokens"][r["prompt_len"]:].long(), torch.ones(len(r["tokens"]) - r["prompt_len"]))
+    size = vocab if not size or size >= vocab else size
+    ids = torch.sort(counts, descending=True, stable=True).indices[:size]
+    to_draft = torch.full((vocab,), -100, dtype=torch.long)
+    to_draft[ids] = torch.arange(size)
+    return DraftVocab(ids, to_draft)
+
+
+def _valid(batch: Batch, depth: int, offset: int) -> torch.Tensor:
+    """[B, T] True where position i (root r = i + offset) drafts depth ``depth`` with a real label r + depth."""
+    i = torch.arange(batch.tokens.shape[1])[None]
+    root = i + offset
+    return (root >= batch.prompt_lens[:, None] - 1) & (root + depth < batch.lengths[:, None]) & (root >= 1)
+
+
+def _labels(batch: Batch, vocab: DraftVocab, shift: int) -> torch.Tensor:
+    """[B, T] draft index of tokens[:, i + shift] (-100 past the end or outside the draft vocabulary)."""
+    labels = torch.full_like(batch.tokens, -100)
+    labels[:, : batch.tokens.shape[1] - shift] = vocab.to_draft[batch.tokens[:, shift:]]
+    return labels
+
+
+def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
+    """Outputs of passes 1..depth, each [B, T, D] (position i of pass k: the depth-k draft from root i-k+2)."""
+    b, t = batch.tokens.shape
+    embeds = F.pad(embed[batch.tokens[:, 1:]], (0, 0, 0, 1))  # [B, T, D] embed(t_{i+1})
+    positions = torch.arange(t)[None].expand(b, t)
+    i = torch.arange(t)[:, None]
+    c = torch.arange(t)[None]
+    features, keys, values, outputs = batch.hidden, [], [], []
+    for k in range(1, depth + 1):
+        blocks = [c <= i - k + 1] + [c == i - k + j for j in range(2, k + 1)]  # pass 1's keys, then passes 2..k
+        mask = torch.cat(blocks, dim=1)[None]  # [1, T, k*T]
+        extra = (torch.cat(keys, 2), torch.cat(values, 2)) if keys else None
+        out, (key, value) = head(embeds, features, positions, mask, extra_kv=extra)
+        keys.append(key)
+        values.append(value)
+        outputs.append(out)
+        features = F.pad(out[:, :-1], (0, 0, 1, 0))  # pass k+1 at i reads pass k's output at i-1
+    return outputs
+
+
+def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int, regression: float = 1.0,
+               decay: float = 0.8) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance."""
+    total, hits = 0.0, []
+    target_features = F.pad(batch.hidden[:, 1:], (0, 0, 0, 1))  # [B, T, D] f_{i+1}
+    labels = _labels(batch, vocab, 2)  # t_{i+2}
+    for k, out in enumerate(eagle_passes(head, embed, batch, depth), start=1):
+        real = _valid(batch, k, offset=2 - k)  # root r = i - k + 2, label r + k = i + 2
+        valid = real & (labels >= 0)  # and the label is in the draft vocabulary
+        logits = out[valid] @ lm_rows.t()  # [n, Vd]
+        ce = F.cross_entropy(logits, labels[valid]) if valid.any() else out.sum() * 0
+        reg = F.smooth_l1_loss(out[valid], target_features[valid]) if valid.any() else out.sum() * 0
+        total = total + decay ** (k - 1) * (ce + regression * reg)
+        correct = torch.zeros_like(valid)
+        correct[valid] = logits.argmax(-1) == labels[valid]
+        hits.append((correct, real))  # a label outside the draft vocabulary counts as a miss
+    return total, hits
+
+
+def medusa_loss(heads: MedusaHeads, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int = 0,
+                decay: float = 0.8) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    total, hits = 0.0, []
+    outputs = heads(batch.hidden)  # [K, B, T, D]
+    for k in range(1, heads.num_heads + 1):
+        labels = _labels(batch, vocab, 1 + k)  # t_{i+1+k}
+        real = _valid(batch, k, offset=1)  # root r = i + 1
+        valid = real & (labels >= 0)
+        logits = outputs[k - 1][valid] @ lm_rows.t()  # [n, Vd]
+        ce = F.cross_entropy(logits, labels[valid]) if valid.any() else outputs.sum() * 0
+        total = total + decay ** (k - 1) * ce
+        correct = torch.zeros_like(valid)
+        correct[valid] = logits.argmax(-1) == labels[valid]
+        hits.append((correct, real))
+    return total, hits
+
+
+def chain_acceptance(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> list[tuple[float, float]]:
+    """Per depth k: (hits, roots) of a greedy chain drafted from each root being right at depths 1..k.
+    Positions are re-aligned to roots: EAGLE's pass k at i has root i - k + 2, Medusa's head k at i root i + 1."""
+    out, alive = [], None
+    for k, (correct, valid) in enumerate(hits, start=1):
+        shift = k - 2 if kind == "eagle" else -1  # position of root r's depth-k draft is r + shift
+        c = _shift(correct, shift)
+        v = _shift(valid, shift)
+        alive = c if alive is None else alive & c
+        out.append((float((alive & v).sum()), float(v.sum())))
+    return out
+
+
+def _shift(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """y[:, r] = x[:, r + shift] (False where out of range)."""
+    y = torch.zeros_like(x)
+    t = x.shape[1]
+    if shift >= 0:
+        y[:, : t - shift] = x[:, shift:]
+    else:
+        y[:, -shift:] = x[:, : t + shift]
+    return y

@@ -1,0 +1,133 @@
+"""Self-distillation data for draft heads: the target's own answers and its hidden states along them.
+
+Two batched passes per shard of prompts, both with transformers on the target's weights:
+  1. ``generate`` the answers (greedy by default, or sampled), left-padded batches sorted by prompt length;
+  2. one teacher-forced forward over prompt + answer, keeping the last hidden state (after the final norm,
+     what the LM head reads: the same rows ``Backend.forward(return_hidden=True)`` returns) for every token.
+Each shard is saved as soon as it is done (``shard-NNNNN.pt``: token ids, prompt lengths, fp16 hidden
+states), so an interrupted run resumes at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from paradecode.errors import ParadecodeError
+
+SHARD_SIZE = 64  # prompts per saved shard
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    max_new_tokens: int = 128
+    batch_size: int = 32
+    temperature: float = 0.0  # 0: greedy answers (what greedy decoding will be asked to draft)
+    max_prompt_tokens: int = 256
+    seed: int = 0
+
+
+def generate_dataset(model_dir: Path, prompts: list[str], out: Path, config: DistillConfig,
+                     log: Callable[[str], None] = print) -> list[Path]:
+    """Answer ``prompts`` with the target and save shards to ``out``; returns every shard path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = None
+    shards = []
+    start = time.perf_counter()
+    manifest_path = out / "manifest.json"  # what each shard answers, so a reused folder cannot mix data sets
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for index, first in enumerate(range(0, len(prompts), SHARD_SIZE)):
+        path = out / f"shard-{index:05d}.pt"
+        shards.append(path)
+        key = hashlib.sha256(json.dumps([dataclasses.asdict(config), prompts[first : first + SHARD_SIZE]]).encode())
+        if manifest.setdefault(path.name, key.hexdigest()) != key.hexdigest():
+            raise ParadecodeError(f"{out} holds answers to other prompts or settings ({path.name}); "
+                                  "pass another --data folder.")
+        manifest_path.write_text(json.dumps(manifest, indent=1))
+        if path.exists():
+            continue
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        chunk = [encode_prompt(tokenizer, p)[-config.max_prompt_tokens:] for p in prompts[first : first + SHARD_SIZE]]
+        rows = answer_and_record(model, tokenizer, chunk, config)
+        torch.save(rows, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)
+        done = min(first + SHARD_SIZE, len(prompts))
+        answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
+        log(f"data: {done}/{len(prompts)} prompts, shard {index} ({answer_tokens} answer tokens), "
+            f"{time.perf_counter() - start:.0f} s")
+    return shards
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of ``prompt`` as the chat model sees it at generation time (``Model.encode``)."""
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer.encode(prompt)]
+
+
+@torch.inference_mode()
+def answer_and_record(model, tokenizer, prompts: list[list[int]], config: DistillConfig) -> list[dict]:
+    """Answers and hidden states for tokenized prompts: a list of {tokens [T], prompt_len, hidden [T, D] fp16}."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    configured = model.config.eos_token_id  # what the engine stops at too (api._eos_ids)
+    eos |= set([configured] if isinstance(configured, int) else configured or [])
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    rows: list[dict | None] = [None] * len(prompts)
+    for first in range(0, len(order), config.batch_size):
+        batch = [prompts[i] for i in order[first : first + config.batch_size]]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [B, P] left-padded
+        attention = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, prompt in enumerate(batch):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention[row, width - len(prompt):] = 1
+        sampled = config.temperature > 0
+        if sampled:
+            torch.manual_seed(config.seed + first)
+        generated = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
+                                   do_sample=sampled, temperature=config.temperature if sampled else None,
+                                   top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(eos))  # [B, P + A]
+        sequences = []
+        for row, prompt in enumerate(batch):
+            answer = generated[row, width:].tolist()
+            cut = next((i + 1 for i, t in enumerate(answer) if t in eos), len(answer))
+            sequences.append(prompt + answer[:cut])
+        hidden = teacher_forced_hidden(model, sequences, pad)
+        for row, sequence in enumerate(sequences):
+            rows[order[first + row]] = dict(tokens=torch.tensor(sequence, dtype=torch.int32),
+                                            prompt_len=len(batch[row]), hidden=hidden[row])
+    return rows
+
+
+def teacher_forced_hidden(model, sequences: list[list[int]], pad: int) -> list[torch.Tensor]:
+    """One right-padded forward over whole sequences -> each one's last hidden states [T, D] (fp16)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad, dtype=torch.long)  # [B, T]
+    attention = torch.zeros(len(sequences), width, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        attention[row, : len(sequence)] = 1
+    states = model.model(input_ids=ids, attention_mask=attention).last_hidden_state  # [B, T, D] after the norm
+    return [states[row, : len(s)].to(torch.float16).clone() for row, s in enumerate(sequences)]
+
+
+def load_shards(paths: list[Path]) -> list[dict]:
+    rows = []
+    for path in paths:
+        rows.extend(torch.load(path))
+    return rows

@@ -1,0 +1,158 @@
+"""The training loop for draft heads: AdamW, warm-up + cosine schedule, progress bar, held-out acceptance per
+epoch, a checkpoint every few steps (an interrupted run resumes where it stopped), the head saved after
+every epoch as fp16 safetensors + config.json (``heads.store``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from paradecode.heads.eagle import HeadShape
+from paradecode.heads.store import TargetWeights, build_head, head_config, save_head
+from paradecode.training.losses import (DraftVocab, chain_acceptance, draft_vocab, eagle_loss, make_batch,
+                                        medusa_loss)
+
+LOSSES = {"eagle": eagle_loss, "medusa": medusa_loss}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    kind: str = "eagle"
+    epochs: int = 3
+    batch_size: int = 8  # sequences per step
+    lr: float = 1e-3
+    draft_vocab: int = 4096  # draft logits over this many most frequent answer tokens (0: the full vocabulary)
+    depth: int = 3  # eagle: unrolled draft depths trained per step
+    eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
+    medusa_heads: int = 4
+    holdout: int = 32  # sequences kept out of training for the acceptance estimate
+    checkpoint_every: int = 40  # steps
+    seed: int = 0
+
+
+def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: Path, config: TrainConfig,
+               log: Callable[[str], None] = print, progress: bool = True, training_info: dict | None = None):
+    """Train a head on self-distilled ``rows``; returns (the head, its saved config with the per-epoch history)."""
+    from tqdm import tqdm
+
+    torch.manual_seed(config.seed)
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed)).tolist()
+    holdout = [rows[i] for i in order[: config.holdout]]
+    train = [rows[i] for i in order[config.holdout :]]
+    vocab = draft_vocab(train, target.config["vocab_size"], config.draft_vocab)
+    lm_rows = target.lm_head[vocab.ids].contiguous()  # [Vd, D]
+    shape = HeadShape.from_target_config(target.config)
+    head = build_head(config.kind, shape, config.medusa_heads)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total = steps_per_epoch * config.epochs
+    warmup = max(1, min(20, total // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
+    state = dict(epoch=0, step=0, history=[], seconds=0.0)
+    checkpoint = out / "checkpoint.pt"
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["config"] == dataclasses.asdict(config) and saved["rows"] == len(rows):
+            head.load_state_dict(saved["head"])
+            optimizer.load_state_dict(saved["optimizer"])
+            schedule.load_state_dict(saved["schedule"])
+            state = saved["state"]
+            log(f"resuming at epoch {state['epoch'] + 1}, step {state['step']}")
+        else:
+            log("checkpoint from a different configuration or data set: starting over")
+    loss_fn = LOSSES[config.kind]
+    depth = config.depth if config.kind == "eagle" else 0
+
+    def save_checkpoint() -> None:
+        torch.save(dict(config=dataclasses.asdict(config), rows=len(rows), head=head.state_dict(),
+                        optimizer=optimizer.state_dict(), schedule=schedule.state_dict(), state=state),
+                   checkpoint.with_suffix(".tmp"))
+        checkpoint.with_suffix(".tmp").rename(checkpoint)
+
+    saved_config = {}
+    while state["epoch"] < config.epochs:
+        epoch = state["epoch"]
+        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed + 1 + epoch)).tolist()
+        bar = tqdm(total=steps_per_epoch, initial=state["step"], desc=f"epoch {epoch + 1}/{config.epochs}",
+                   disable=not progress, dynamic_ncols=True)
+        head.train()
+        started = time.perf_counter()
+        while state["step"] < steps_per_epoch:
+            first = state["step"] * config.batch_size
+            batch = make_batch([train[i] for i in perm[first : first + config.batch_size]])
+            loss, _ = loss_fn(head, target.embed, lm_rows, vocab, batch, depth)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            state["step"] += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if state["step"] % config.checkpoint_every == 0:
+                state["seconds"] += time.perf_counter() - started
+                started = time.perf_counter()
+                save_checkpoint()
+        bar.close()
+        state["seconds"] += time.perf_counter() - started
+        accept = evaluate(head, target, lm_rows, vocab, holdout, config)
+        state["history"].append(dict(epoch=epoch + 1, loss=loss.item(), **accept))
+        state["epoch"], state["step"] = epoch + 1, 0
+        info = dict(training_info or {}, config=dataclasses.asdict(config), history=state["history"],
+                    train_sequences=len(train), holdout_sequences=len(holdout), train_seconds=round(state["seconds"]))
+        saved_config = head_config(head, target, target_name, vocab.ids if config.draft_vocab else None, info)
+        save_head(out, head, saved_config, vocab.ids if config.draft_vocab else None)
+        save_checkpoint()
+        log(f"epoch {epoch + 1}: loss {loss.item():.3f}, held-out acceptance by depth "
+            f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
+    if not saved_config:  # every epoch was done before: the head on disk is the result
+        saved_config = json.loads((out / "config.json").read_text())
+    elif config.draft_vocab:
+        saved_config["training"]["vocab_sweep"] = vocab_sweep(head, target, vocab, holdout, config)
+        log(f"draft vocabulary size vs held-out acceptance: {saved_config['training']['vocab_sweep']}")
+        save_head(out, head, saved_config, vocab.ids)
+    return head, saved_config
+
+
+def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict], config: TrainConfig) -> list[dict]:
+    """Held-out acceptance when drafting over the N most frequent tokens only (``--opt draft_vocab=N``), for N
+    from an eighth of the trained draft vocabulary up to all of it, with the share of answer tokens it covers."""
+    sizes = sorted({max(1, len(vocab.ids) // f) for f in (8, 4, 2, 1)})
+    answers = torch.cat([r["tokens"][r["prompt_len"]:].long() for r in rows])
+    results = []
+    for size in sizes:
+        ids = vocab.ids[:size]
+        to_draft = torch.full_like(vocab.to_draft, -100)
+        to_draft[ids] = torch.arange(size)
+        accept = evaluate(head, target, target.lm_head[ids].contiguous(), DraftVocab(ids, to_draft), rows, config)
+        results.append(dict(size=size, coverage=round(float((to_draft[answers] >= 0).float().mean()), 4),
+                            acceptance=[round(a, 4) for a in accept["acceptance"]],
+                            tau_chain=round(accept["tau_chain"], 3)))
+    return results
+
+
+@torch.no_grad()
+def evaluate(head, target: TargetWeights, lm_rows, vocab, rows: list[dict], config: TrainConfig,
+             batch_size: int = 8) -> dict:
+    """Held-out greedy chain acceptance: per depth k, the share of roots whose draft is right at depths 1..k,
+    and the tokens per step a chain of that length would give (1 + the sum of those shares)."""
+    head.eval()
+    depth = config.eval_depth if config.kind == "eagle" else config.medusa_heads
+    totals = None
+    for first in range(0, len(rows), batch_size):
+        batch = make_batch(rows[first : first + batch_size])
+        _, hits = LOSSES[config.kind](head, target.embed, lm_rows, vocab, batch, depth)
+        counts = chain_acceptance(hits, config.kind)
+        totals = counts if totals is None else [(a + c, b + d) for (a, b), (c, d) in zip(totals, counts)]
+    head.train()
+    shares = [hit / max(roots, 1.0) for hit, roots in totals or []]
+    return dict(acceptance=shares, tau_chain=1.0 + sum(shares))

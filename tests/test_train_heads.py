@@ -1,0 +1,180 @@
+"""Training draft heads: self-distilled data is the target's own greedy answers and hidden states, training
+lowers the loss, an interrupted run resumes, a saved head drafts exactly as the trained one, bad heads are
+refused clearly, and the EAGLE export has the serving engines' layout and computes the same function.
+"""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+
+from paradecode.backends.llama import LlamaBackend
+from paradecode.errors import ParadecodeError
+from paradecode.heads.eagle import HeadShape
+from paradecode.heads.store import build_head, load_head, resolve_head_dir, target_weights
+from paradecode.training.losses import draft_vocab, eagle_loss, make_batch, medusa_loss
+from paradecode.training.selfdistill import DistillConfig, answer_and_record
+from paradecode.training.trainer import TrainConfig, train_head
+from tiny import PROMPTS, run, tiny_model_dir
+
+LOSSES = {"eagle": eagle_loss, "medusa": medusa_loss}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    model_dir = tiny_model_dir(tmp_path_factory.mktemp("target"), seed=5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 48, (int(n),), generator=generator).tolist() for n in torch.randint(3, 12, (40,))]
+    rows = answer_and_record(hf, tokenizer, prompts, DistillConfig(max_new_tokens=24, batch_size=16))
+    return SimpleNamespace(model_dir=model_dir, rows=rows, prompts=prompts, target=target_weights(str(model_dir)))
+
+
+def test_data_is_the_targets_greedy_answers_and_hidden_states(data):
+    backend = LlamaBackend.from_pretrained(data.model_dir)
+    for prompt, row in list(zip(data.prompts, data.rows))[:6]:
+        expected, _ = run(backend, "ar", prompt, max_new_tokens=24, eos_ids=[1])
+        assert row["tokens"].tolist() == prompt + expected and row["prompt_len"] == len(prompt)
+        backend.reset()
+        hidden = backend.forward(row["tokens"].long(), return_hidden=True).hidden  # [T, D]
+        torch.testing.assert_close(row["hidden"].float(), hidden, atol=2e-2, rtol=1e-2)  # stored in fp16
+
+
+def test_data_folder_refuses_other_prompts(tmp_path):
+    from paradecode.training.selfdistill import generate_dataset
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=5)
+    config = DistillConfig(max_new_tokens=4, batch_size=8)
+    first = generate_dataset(model_dir, ["w1 w2", "w3"], tmp_path / "data", config, log=lambda m: None)
+    again = generate_dataset(model_dir, ["w1 w2", "w3"], tmp_path / "data", config, log=lambda m: None)
+    assert first == again and len(first) == 1
+    with pytest.raises(ParadecodeError, match="holds answers to other prompts"):
+        generate_dataset(model_dir, ["w4"], tmp_path / "data", config, log=lambda m: None)
+
+
+def _loss(kind, head, data, vocab):
+    batch = make_batch(data.rows[:16])
+    with torch.no_grad():
+        return float(LOSSES[kind](head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch, 2)[0])
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_path, kind):
+    config = TrainConfig(kind=kind, epochs=5, batch_size=4, lr=1e-2, draft_vocab=40, depth=2, eval_depth=3,
+                         medusa_heads=3, holdout=4)
+    torch.manual_seed(config.seed)
+    untrained = build_head(kind, HeadShape.from_target_config(data.target.config), 3)
+    trained, saved = train_head(data.rows, data.target, "tiny", tmp_path, config, log=lambda m: None,
+                                progress=False)
+    vocab = draft_vocab(data.rows, 48, 40)
+    assert _loss(kind, trained, data, vocab) < 0.85 * _loss(kind, untrained, data, vocab)
+    assert len(saved["training"]["history"]) == 5 and saved["draft_vocab_size"] == 40
+    sweep = saved["training"]["vocab_sweep"]
+    assert [row["size"] for row in sweep] == [5, 10, 20, 40]
+    assert [row["coverage"] for row in sweep] == sorted(row["coverage"] for row in sweep) and sweep[0]["coverage"] < 1
+    loaded = load_head(tmp_path, kind, data.target)
+    for name, tensor in trained.state_dict().items():  # fp16 on disk
+        torch.testing.assert_close(loaded.module.state_dict()[name], tensor.half().float())
+    from paradecode.drafters.head_drafter import HeadRuntime
+    from paradecode.registry import get_method
+    from paradecode.stats import DecodeStats
+    from paradecode.config import GenerationConfig
+    from paradecode.engine import decode
+
+    backend = LlamaBackend.from_pretrained(data.model_dir)
+    context = SimpleNamespace(model_dir=data.model_dir, name="tiny")
+    for prompt in PROMPTS:
+        proposals = []
+        for module in (trained.half().float(), loaded.module):
+            drafter = get_method(kind).create({"head": str(tmp_path)}, context)
+            drafter.module = module
+            stats = DecodeStats()
+            list(decode(backend, drafter, prompt, GenerationConfig(max_new_tokens=20), stats=stats))
+            proposals.append([(s.drafted, s.parents) for s in stats.steps])
+        assert proposals[0] == proposals[1]
+
+
+def test_interrupted_training_resumes(data, tmp_path):
+    config = TrainConfig(kind="medusa", epochs=2, batch_size=4, draft_vocab=40, medusa_heads=2, holdout=4)
+
+    def stop_after_first_epoch(message):
+        if message.startswith("epoch 1:"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_head(data.rows, data.target, "tiny", tmp_path, config, log=stop_after_first_epoch, progress=False)
+    first = json.loads((tmp_path / "config.json").read_text())["training"]["history"]
+    messages = []
+    _, saved = train_head(data.rows, data.target, "tiny", tmp_path, config, log=messages.append, progress=False)
+    assert messages[0] == "resuming at epoch 2, step 0"
+    assert saved["training"]["history"][0] == first[0] and len(saved["training"]["history"]) == 2
+
+
+def test_bad_heads_are_refused_clearly(data, tmp_path):
+    from paradecode.heads.store import head_config, save_head
+
+    other = target_weights(str(tiny_model_dir(tmp_path / "other", seed=9)))
+    module = build_head("eagle", HeadShape.from_target_config(other.config))
+    save_head(tmp_path / "head", module, head_config(module, other, "other-model", None), None)
+    with pytest.raises(ParadecodeError, match="trained for model 'other-model'"):
+        load_head(tmp_path / "head", "eagle", data.target)
+    with pytest.raises(ParadecodeError, match="holds a 'eagle' head"):
+        load_head(tmp_path / "head", "medusa", other)
+    with pytest.raises(ParadecodeError, match="needs config.json and head.safetensors"):
+        load_head(tmp_path / "missing", "eagle", other)
+    (tmp_path / "head" / "config.json").write_text("{not json")
+    with pytest.raises(ParadecodeError, match="not a valid head config"):
+        load_head(tmp_path / "head", "eagle", other)
+    with pytest.raises(ParadecodeError, match="no eagle head is shipped for model 'tiny'"):
+        resolve_head_dir("", "eagle", "tiny")
+
+
+def test_eagle_export_has_the_engines_layout_and_computes_the_same(data, tmp_path):
+    """Names, shapes and config keys of vLLM's / SGLang's EAGLE-1 checkpoints; then the exported weights, run
+    through transformers' own Llama decoder layer with the input norm skipped (the layer both engines
+    subclass), give the head's output."""
+    from safetensors.torch import load_file
+
+    from paradecode.heads.store import head_config, save_head
+    from paradecode.training.export import export_eagle
+
+    torch.manual_seed(0)
+    module = build_head("eagle", HeadShape.from_target_config(data.target.config))
+    save_head(tmp_path / "head", module, head_config(module, data.target, "tiny", None), None)
+    head = load_head(tmp_path / "head", "eagle", data.target)
+    for engine, architecture in (("sglang", "LlamaForCausalLMEagle"), ("vllm", "LlamaForCausalLM")):
+        config = export_eagle(head, data.target, tmp_path / engine, engine)
+        assert json.loads((tmp_path / engine / "config.json").read_text()) == config
+        assert config["architectures"] == [architecture] and config["num_hidden_layers"] == 1
+    tensors = load_file(tmp_path / "vllm" / "model.safetensors")
+    d, kv = 32, 2 * 8  # tiny_llama: hidden 32, 2 kv heads of dim 8
+    shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,), "layers.0.self_attn.q_proj.weight": (d, d),
+              "layers.0.self_attn.k_proj.weight": (kv, d), "layers.0.self_attn.v_proj.weight": (kv, d),
+              "layers.0.self_attn.o_proj.weight": (d, d), "layers.0.post_attention_layernorm.weight": (d,),
+              "layers.0.mlp.gate_proj.weight": (64, d), "layers.0.mlp.up_proj.weight": (64, d),
+              "layers.0.mlp.down_proj.weight": (d, 64)}
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == shapes
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                "rms_norm_eps", "rope_theta", "model_type", "max_position_embeddings"):
+        assert key in config
+
+    hf_config = transformers.LlamaConfig.from_pretrained(tmp_path / "vllm")
+    layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(hf_config, 0).eval()
+    layer.load_state_dict({k[len("layers.0."):]: v.float() for k, v in tensors.items() if k.startswith("layers.0.")},
+                          strict=False)
+    layer.input_layernorm = torch.nn.Identity()
+    rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf_config)
+    tokens, features = torch.randint(48, (1, 7)), torch.randn(1, 7, d)
+    positions = torch.arange(7)[None]
+    embeds = data.target.embed[tokens]
+    with torch.no_grad():
+        x = torch.nn.functional.linear(torch.cat((embeds, features), -1), tensors["fc.weight"].float())
+        mask = torch.full((7, 7), float("-inf")).triu(1)[None, None]
+        theirs = layer(x, attention_mask=mask, position_ids=positions,
+                       position_embeddings=rotary(x, positions))
+        theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+        ours, _ = head.module(embeds, features, positions, torch.ones(7, 7, dtype=torch.bool).tril()[None])
+    torch.testing.assert_close(theirs, ours, atol=2e-2, rtol=2e-2)  # fp16 export of fp16-stored weights

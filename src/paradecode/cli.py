@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     methods.set_defaults(run=run_methods)
     from paradecode.benchmark.commands import add_commands
     add_commands(commands)
+    from paradecode.dllm.commands import add_commands as add_dllm_commands
+    add_dllm_commands(commands)
     return parser
 
 

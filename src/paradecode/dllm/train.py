@@ -119,7 +119,7 @@ def train(cfg: TrainConfig, out: Path, progress: bool = True) -> TinyLM:
     state_path, step, elapsed, losses = out / "train_state.pt", 0, 0.0, []
     if state_path.exists():
         state = torch.load(state_path, weights_only=False)
-        if {**state["train_config"], "steps": cfg.steps} != asdict(cfg):
+        if {**state["train_config"], "steps": cfg.steps, "threads": cfg.threads} != asdict(cfg):
             raise ParadecodeError(f"{out} holds a run with other settings ({state['train_config']}); "
                                   "use another --out or the same settings to resume it.")
         model.load_state_dict(state["model"])

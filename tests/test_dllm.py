@@ -207,3 +207,13 @@ def test_trace_shows_every_step(tiny):
     result = diffuse(tiny, tiny.encode("copy : 1 2"), build_sampler("threshold", {"threshold": 0.05}), DecodeConfig())
     page = render_dllm_trace(tiny, "copy : 1 2", result, "tiny")
     assert page.count("<tr><th>") == len(result.stats.steps) + 1 and "threshold on tiny" in page
+
+
+def test_learning_rate_before_the_cooldown_does_not_depend_on_the_run_length():
+    from paradecode.dllm.train import TrainConfig, learning_rate
+
+    short, long = TrainConfig(steps=1000, cooldown=200), TrainConfig(steps=5000, cooldown=1000)
+    assert all(learning_rate(short, s) == learning_rate(long, s) for s in range(800))
+    assert learning_rate(short, 900) == pytest.approx(0.5 * short.lr) and learning_rate(short, 999) > 0
+    with pytest.raises(ParadecodeError, match="cooldown"):
+        TrainConfig(steps=10, cooldown=11)

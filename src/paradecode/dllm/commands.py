@@ -60,6 +60,8 @@ def add_commands(commands) -> None:
     train.add_argument("--suite", default="waiting-line", help="waiting-line or latin")
     train.add_argument("--objective", default="diffusion", help="diffusion (the dLLM) or ar (its twin)")
     train.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the shipped model's)")
+    train.add_argument("--cooldown", type=int, default=None,
+                       help="last steps with a linearly decaying learning rate (default: the shipped model's)")
     train.add_argument("--batch-size", type=int, default=128)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
@@ -168,10 +170,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from paradecode.dllm.train import SHIPPED_STEPS, TrainConfig, train
+    from paradecode.dllm.train import SHIPPED, TrainConfig, train
 
-    steps = args.steps or SHIPPED_STEPS.get((args.suite, args.objective), 3000)
-    cfg = TrainConfig(suite=args.suite, objective=args.objective, steps=steps, batch_size=args.batch_size,
+    steps, cooldown = SHIPPED.get((args.suite, args.objective), (3000, 0))
+    cfg = TrainConfig(suite=args.suite, objective=args.objective, steps=args.steps or steps,
+                      cooldown=cooldown if args.cooldown is None else args.cooldown, batch_size=args.batch_size,
                       seed=args.seed, threads=args.threads)
     model = train(cfg, Path(args.out))
     print(f"paradecode: wrote {args.out} ({model.num_parameters():,} parameters, "

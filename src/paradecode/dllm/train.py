@@ -30,7 +30,8 @@ from paradecode.errors import ParadecodeError
 OBJECTIVES = ("diffusion", "ar")
 SUITE_GEN_LENGTH = {"waiting-line": 12, "latin": 16}  # longest answer (+ one end-of-text for the lists)
 HELDOUT_PER_TASK = 100
-SHIPPED_STEPS = {("waiting-line", "diffusion"): 6000, ("latin", "diffusion"): 3000, ("waiting-line", "ar"): 2000}
+SHIPPED = {("waiting-line", "diffusion"): (5000, 1000), ("latin", "diffusion"): (500, 0),
+           ("waiting-line", "ar"): (3500, 1000)}  # (steps, cooldown) of the shipped checkpoints
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TrainConfig:
     batch_size: int = 128
     lr: float = 1e-3
     warmup: int = 200
+    cooldown: int = 0  # the last `cooldown` steps decay the learning rate linearly to 0
     weight_decay: float = 0.01
     min_mask_ratio: float = 1e-3  # eps: t ~ U(eps, 1)
     seed: int = 0
@@ -51,6 +53,8 @@ class TrainConfig:
         suite_tasks(self.suite)
         if self.objective not in OBJECTIVES:
             raise ParadecodeError(f"unknown objective {self.objective!r}; choose one of: {', '.join(OBJECTIVES)}.")
+        if not isinstance(self.cooldown, int) or not 0 <= self.cooldown <= self.steps:
+            raise ParadecodeError(f"cooldown must be an integer in [0, steps], got {self.cooldown!r}.")
         for name in ("steps", "batch_size", "threads", "checkpoint_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ParadecodeError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
@@ -100,9 +104,11 @@ def ar_loss(model: TinyLM, tokens, valid, answer_from) -> torch.Tensor:
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
-    """Linear warm-up, then constant: the first N steps of a longer run are exactly an N-step run, so a run
-    can be extended (``--steps`` larger, same ``--out``) without changing what came before."""
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+    """Linear warm-up, constant, then a linear cool-down over the last ``cooldown`` steps. Until the cool-down
+    starts the rate does not depend on ``steps``, so a run resumed with other ``steps`` / ``cooldown`` from a
+    checkpoint before its cool-down is exactly the run those settings give from scratch."""
+    decay = min(1.0, (cfg.steps - step) / cfg.cooldown) if cfg.cooldown else 1.0
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup, decay)
 
 
 def train(cfg: TrainConfig, out: Path, progress: bool = True) -> TinyLM:
@@ -119,7 +125,8 @@ def train(cfg: TrainConfig, out: Path, progress: bool = True) -> TinyLM:
     state_path, step, elapsed, losses = out / "train_state.pt", 0, 0.0, []
     if state_path.exists():
         state = torch.load(state_path, weights_only=False)
-        if {**state["train_config"], "steps": cfg.steps, "threads": cfg.threads} != asdict(cfg):
+        schedule = dict(steps=cfg.steps, threads=cfg.threads, cooldown=cfg.cooldown)  # may change on resume
+        if {**state["train_config"], **schedule} != asdict(cfg):
             raise ParadecodeError(f"{out} holds a run with other settings ({state['train_config']}); "
                                   "use another --out or the same settings to resume it.")
         model.load_state_dict(state["model"])
@@ -159,7 +166,7 @@ def train(cfg: TrainConfig, out: Path, progress: bool = True) -> TinyLM:
     info = dict(train_config=asdict(cfg), train_time_s=round(time.perf_counter() - started, 1),
                 final_loss=sum(losses[-50:]) / len(losses[-50:]), parameters=model.num_parameters(),
                 command=f"paradecode dllm train --suite {cfg.suite} --objective {cfg.objective} --steps {cfg.steps} "
-                        f"--batch-size {cfg.batch_size} --seed {cfg.seed}")
+                        f"--cooldown {cfg.cooldown} --batch-size {cfg.batch_size} --seed {cfg.seed}")
     model.config = replace(model_cfg, info=info)
     model.save(out)
     (out / "loss.json").write_text(json.dumps(losses), encoding="utf-8")

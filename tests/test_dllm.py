@@ -217,3 +217,15 @@ def test_learning_rate_before_the_cooldown_does_not_depend_on_the_run_length():
     assert learning_rate(short, 900) == pytest.approx(0.5 * short.lr) and learning_rate(short, 999) > 0
     with pytest.raises(ParadecodeError, match="cooldown"):
         TrainConfig(steps=10, cooldown=11)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_left_padding_does_not_change_a_rows_logits(causal):
+    torch.manual_seed(0)
+    model = TinyLM(ModelConfig(causal=causal, n_layers=2, d_model=32, n_heads=2, d_ff=64)).eval()
+    row = torch.tensor(model.encode("copy : 1 2 3"))
+    padded = torch.cat([torch.full((6,), model.vocab.pad_id), row])[None]
+    valid = padded != model.vocab.pad_id
+    with torch.no_grad():
+        alone, in_batch = model(row[None]), model(padded, valid)
+    assert torch.allclose(alone[0], in_batch[0, 6:], atol=1e-5)

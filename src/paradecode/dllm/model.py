@@ -117,7 +117,8 @@ class TinyLM(nn.Module):
         allowed = key_valid[:, None, :]  # [B, 1, K]
         if self.config.causal:
             allowed = allowed & (key_pos[:, None, :] <= positions[:, :, None])
-        allowed = allowed | (key_pos[:, None, :] == positions[:, :, None])  # padding rows attend to themselves
+        if index is None:  # every row attends to itself (padding rows would otherwise attend to nothing)
+            allowed = allowed | torch.eye(s, dtype=torch.bool, device=tokens.device)
         h = self.tok_emb(tokens) + self.pos_emb(positions)
         for layer, block in enumerate(self.blocks):
             h = block(h, allowed[:, None], cache.layer(layer, index) if cache is not None else None)

@@ -151,12 +151,12 @@ def run_bench(args: argparse.Namespace) -> int:
         bench.plan_settings(samplers, model.gen_length, sweeps, caches)  # fail fast before any run
     twins = {}
     if not args.no_twin:
-        for model in models:
+        for name, model in zip(names, models):  # the twin of NAME is NAME-ar (shipped, or a sibling folder)
             try:
-                resolve_folder(f"{model.config.suite}-ar")
+                resolve_folder(f"{name.rstrip('/')}-ar")
             except ParadecodeError:
                 continue
-            twins[model.config.suite] = load_tiny(f"{model.config.suite}-ar", causal=True)
+            twins[model.config.suite] = load_tiny(f"{name.rstrip('/')}-ar", causal=True)
     results = bench.run_bench(models, twins, samplers, sweeps, caches, args.per_task, not args.no_progress)
     results["command"] = ["paradecode"] + sys.argv[1:]
     out = Path(args.out)

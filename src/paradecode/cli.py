@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_commands(commands)
     from paradecode.training.commands import add_commands as add_training_commands
     add_training_commands(commands)
+    from paradecode.dllm.commands import add_commands as add_dllm_commands
+    add_dllm_commands(commands)
     return parser
 
 

@@ -1,0 +1,92 @@
+"""The sampler interface and registry: which masked positions of the current block to commit this step.
+
+A sampler sees a ``StepView`` of the block's still-masked positions (the model's token for each, its
+probability, the full distribution) and returns the indices (into those candidates) to commit, at least one.
+Fixed-step samplers (LLaDA, Dream) commit a number planned once per block by ``planned_counts``; adaptive
+ones (Fast-dLLM's threshold and factor rules) decide the number from the confidences each step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from paradecode.errors import ParadecodeError
+
+_SAMPLERS: dict[str, type] = {}
+
+
+@dataclass
+class StepView:
+    x0: torch.Tensor  # [n] the model's token for each masked position of the block
+    confidence: torch.Tensor  # [n] its probability p(x0) under the (unnoised) model distribution
+    probs: torch.Tensor  # [n, V] the model distribution at each position
+    count: int  # fixed-step samplers: tokens to commit this step (from planned_counts)
+    generator: torch.Generator
+    target: torch.Tensor | None = None  # [n] the known answer (oracle only)
+
+
+class Sampler:
+    """Base class: ``Options`` is a frozen dataclass; ``select`` picks candidates to commit."""
+
+    name = ""
+    fixed_steps = False  # True: commits ``view.count`` per step, so the decoder's ``steps`` applies
+
+    @dataclass(frozen=True)
+    class Options:
+        pass
+
+    def __init__(self, options: "Sampler.Options"):
+        self.options = options
+
+    def select(self, view: StepView) -> torch.Tensor:  # -> [k] candidate indices, k >= 1
+        raise NotImplementedError
+
+
+def top_by(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` highest scores (ties: lowest index first), at least one."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    return order[: max(1, min(count, scores.numel()))]
+
+
+def planned_counts(masked: int, steps: int) -> list[int]:
+    """LLaDA's schedule: ``masked`` tokens over ``steps`` steps, as evenly as possible, the remainder first
+    (a linear noise schedule unmasks the same expected number per step)."""
+    base, extra = divmod(masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def register_sampler(name: str) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        _SAMPLERS[name] = cls
+        cls.name = name
+        return cls
+
+    return wrap
+
+
+def sampler_names() -> list[str]:
+    import paradecode.dllm.samplers  # noqa: F401  (registers the built-in samplers)
+
+    return sorted(_SAMPLERS)
+
+
+def build_sampler(name: str, options: dict[str, Any] | None = None) -> Sampler:
+    """The sampler ``name`` with ``options`` (key -> value), every value checked."""
+    names = sampler_names()
+    if name not in _SAMPLERS:
+        raise ParadecodeError(f"unknown sampler {name!r}; choose one of: {', '.join(names)}.")
+    cls = _SAMPLERS[name]
+    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        allowed = ", ".join(fields) or "none"
+        raise ParadecodeError(f"sampler {name!r} has no option {', '.join(unknown)}; its options: {allowed}.")
+    for key, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParadecodeError(f"option {key} of sampler {name!r} must be a number, got {value!r}.")
+    return cls(cls.Options(**options))

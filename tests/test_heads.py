@@ -61,7 +61,8 @@ def generate(setup, method, prompt, head="", backend=None, max_new_tokens=24, te
     return out, stats
 
 
-CASES = [("eagle", "", {"tree": True, "depth": 6}), ("eagle", "", {"depth": 4}),
+CASES = [("eagle", "", {"tree": True, "depth": 6}), ("eagle", "", {"depth": 4, "schedule": "fixed"}),
+         ("eagle", "", {}), ("medusa", "", {"schedule": "heuristic"}),
          ("eagle", "eagle-vocab", {"tree": True, "budget": 7}),
          ("eagle", "", {"tree": True, "budget": 30, "branching": 2, "width": 6, "depth": 8}),
          ("medusa", "", {"tree": True}), ("medusa", "", {}), ("medusa", "medusa-vocab", {"tree": True, "branching": 5}),

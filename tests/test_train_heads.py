@@ -89,7 +89,7 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_p
     for prompt in PROMPTS:
         proposals = []
         for module in (trained.half().float(), loaded.module):
-            drafter = get_method(kind).create({"head": str(tmp_path)}, context)
+            drafter = get_method(kind).create({"head": str(tmp_path), "schedule": "fixed"}, context)
             drafter.module = module
             stats = DecodeStats()
             list(decode(backend, drafter, prompt, GenerationConfig(max_new_tokens=20), stats=stats))

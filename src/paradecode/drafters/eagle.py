@@ -35,7 +35,8 @@ class EagleOptions:
     budget: int = 16  # most tree nodes per step
     branching: int = 4  # most children per node
     width: int = 4  # nodes expanded per head forward
-    depth: int = 3  # deepest draft (the chain's length)
+    depth: int = 3  # deepest draft (the chain's longest length)
+    schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
 
     def __post_init__(self) -> None:
@@ -50,6 +51,7 @@ class EagleDrafter(HeadDrafter):
     kind = "eagle"
 
     def begin(self, state: DecodeState) -> None:
+        super().begin(state)
         room = getattr(state.target, "max_length", 4096) + self.options.budget + 1
         self.cache = EagleCache(self.module.shape, room)
         features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2}
@@ -62,7 +64,9 @@ class EagleDrafter(HeadDrafter):
             features, tokens = self.pending
             out = self._feed(features, tokens, None, None)  # [T, D]
             self.root_feature, self.pending = out[-1], None
-        if self.root_feature is None or state.max_draft <= 0:
+        length = self.chain_length(state)
+        if self.root_feature is None or state.max_draft <= 0 or length <= 0:
+            self.drafted(0)
             return Proposal()
         o, runtime = self.options, self.runtime
         committed = self.cache.length
@@ -87,14 +91,17 @@ class EagleDrafter(HeadDrafter):
             node_features.extend(out)
             return runtime.draft_logits(out)  # [B, Vd]
 
-        limits = tree_limits(o.tree, o.budget, o.branching, o.width, o.depth, state)
+        limits = tree_limits(o.tree, o.budget, o.branching, o.width, length, state)
         try:
-            return grow_tree(runtime.draft_logits(self.root_feature), expand, state, limits, runtime.ids,
-                             runtime.vocab)
+            proposal = grow_tree(runtime.draft_logits(self.root_feature), expand, state, limits, runtime.ids,
+                                 runtime.vocab)
         finally:
             self.cache.length = committed  # drop the draft pairs: the next step feeds the target's features
+        self.drafted(len(proposal.tokens))
+        return proposal
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        self.accepted(len(verdict.accepted))
         rows = [0] + [1 + i for i in verdict.accepted]  # the root and the accepted nodes
         features = verdict.target_hidden[rows].float()  # [A+1, D]
         self.pending = (features, verdict.accepted_tokens + [verdict.next_token])

@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from paradecode.drafters.base import DecodeState, Drafter
+from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
 
@@ -28,6 +29,7 @@ def check_tree_options(method: str, options) -> None:
     for name in ("budget", "branching", "width", "depth"):
         if getattr(options, name) < 1:
             raise ParadecodeError(f"{method} option {name} must be >= 1, got {getattr(options, name)}.")
+    check_schedule_options(method, options.schedule, options.depth, options.depth)
     if options.draft_vocab < 0:
         raise ParadecodeError(f"{method} option draft_vocab must be >= 0 (0: the head's own), got {options.draft_vocab}.")
 
@@ -74,6 +76,24 @@ class HeadDrafter(Drafter):
                                     options.draft_vocab)
         self.module = self.runtime.head.module
         self.draft_forward_passes = 0
+
+    def begin(self, state: DecodeState) -> None:
+        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth)
+        self.scheduled = False
+
+    def chain_length(self, state: DecodeState) -> int:
+        """Most tokens to draft this step: the schedule's choice for a chain (0: plain decoding), ``depth`` for a
+        tree (trees are not scheduled)."""
+        self.scheduled = not (self.options.tree and state.supports_tree)
+        return self.schedule.length() if self.scheduled else self.options.depth
+
+    def drafted(self, count: int) -> None:
+        if self.scheduled:
+            self.schedule.proposed(count)
+
+    def accepted(self, count: int) -> None:
+        if self.scheduled:
+            self.schedule.update(count)
 
     def summary(self) -> dict:
         ids = self.runtime.ids

@@ -27,7 +27,8 @@ class MedusaOptions:
     budget: int = 12  # most tree nodes per step
     branching: int = 3  # most children per node
     width: int = 12  # nodes offered per round (all heads are computed at once, so wide rounds cost nothing)
-    depth: int = 3  # deepest draft (the chain's length); at most the number of heads
+    depth: int = 3  # deepest draft (the chain's longest length); at most the number of heads
+    schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
     draft_vocab: int = 0  # keep the heads' N most frequent draft tokens (0: their whole draft vocabulary)
 
     def __post_init__(self) -> None:
@@ -42,23 +43,29 @@ class MedusaDrafter(HeadDrafter):
     kind = "medusa"
 
     def begin(self, state: DecodeState) -> None:
+        super().begin(state)
         features = self.prompt_features(state)  # [P-1, D]
         self.root_hidden = None if features is None else features[-1]  # [D] the row that predicted the root
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
-        if self.root_hidden is None or state.max_draft <= 0:
+        length = self.chain_length(state)
+        if self.root_hidden is None or state.max_draft <= 0 or length <= 0:
+            self.drafted(0)
             return Proposal()
         logits = self.runtime.draft_logits(self.module(self.root_hidden))  # [K, Vd]
         self.draft_forward_passes += 1
         o = self.options
-        limits = tree_limits(o.tree, o.budget, o.branching, o.width, min(o.depth, self.module.num_heads), state)
+        limits = tree_limits(o.tree, o.budget, o.branching, o.width, min(length, self.module.num_heads), state)
 
         def expand(batch: list[int], tree: DraftTree) -> torch.Tensor:
             return logits[[tree.depths[n] for n in batch]]  # [B, Vd] children of depth d come from head d+1
 
-        return grow_tree(logits[0], expand, state, limits, self.runtime.ids, self.runtime.vocab)
+        proposal = grow_tree(logits[0], expand, state, limits, self.runtime.ids, self.runtime.vocab)
+        self.drafted(len(proposal.tokens))
+        return proposal
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        self.accepted(len(verdict.accepted))
         last = 1 + verdict.accepted[-1] if verdict.accepted else 0  # the row whose logits gave the new root
         self.root_hidden = verdict.target_hidden[last].float()

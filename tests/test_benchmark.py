@@ -403,6 +403,7 @@ def test_a_dtype_variant_runs_on_its_own_copy_of_the_model(tmp_path, capsys, mon
     results = json.loads((out / "results.json").read_text())
     assert results["model"]["dtype"] == "int8"
     assert results["settings"]["variant_dtypes"] == {"ar-fp32": "fp32"}
+    assert "`ar-fp32` = `ar` on a fp32 copy of the model" in (out / "report.md").read_text()
     assert results["lossless"]["pld"]["share"] == 1.0  # pld on int8 equals ar on int8
     answers = {r["method"]: r["turns"][0]["token_ids"] for r in results["records"] if r["question_id"] == 1}
     assert set(answers) == {"ar", "pld", "ar-fp32"}

@@ -53,9 +53,11 @@ def render_report(results: dict) -> str:
         "",
     ]
     variants, options = settings.get("variants") or {}, settings.get("options") or {}
+    dtypes = settings.get("variant_dtypes") or {}
     described = [f"`{m}`" + (f" = `{variants[m]}`" if m in variants else "")
+                 + (f" on a {dtypes[m]} copy of the model" if m in dtypes else "")
                  + (" with " + ", ".join(f"{k}={v}" for k, v in options[m].items()) if options.get(m) else "")
-                 for m in methods if m in variants or options.get(m)]
+                 for m in methods if m in variants or options.get(m) or m in dtypes]
     if described:
         lines += ["Options (every other method runs with its defaults): " + "; ".join(described) + ".", ""]
     for method, kept in (settings.get("kept_state") or {}).items():

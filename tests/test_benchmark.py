@@ -394,7 +394,7 @@ def test_a_dtype_variant_runs_on_its_own_copy_of_the_model(tmp_path, capsys, mon
                              LlamaBackend.from_hf(hf).quantize_int8(calibration),
                              TinyTokenizer(), name="tiny", model_dir=tmp_path / "m", chat=True)
                 for dtype in ("fp32", "int8")}
-    monkeypatch.setattr(commands, "load_model", lambda args: by_dtype[args.dtype])
+    monkeypatch.setattr(commands, "load_model", lambda args, dtype=None: by_dtype[dtype or args.dtype])
     qfile = write_questions(tmp_path / "q.jsonl", QUESTIONS[:2])
     out = tmp_path / "out"
     code, streams = bench_cli(capsys, "--questions", str(qfile), "--max-new-tokens", "10", "--dtype", "int8",

@@ -153,10 +153,9 @@ class Model:
         """Relative time of a forward over T = 1, 2, 4, 8, 16 new tokens on this backend and machine (T=1 -> 1),
         measured on first use (about a second) and kept in the cache per machine; the ``cost`` schedule uses it."""
         if self._cost_curve is None:
+            from paradecode.backends.int8 import FORMAT
             from paradecode.models import cache_root
             from paradecode.profile import cached_curve, relative
-
-            from paradecode.backends.int8 import FORMAT
 
             kernels = f"int8-v{FORMAT}" if self.dtype == "int8" else ""  # a kernel change measures anew
             key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}|{kernels}"

@@ -84,11 +84,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> 
     parser.add_argument("--cache-dir", help="model cache folder (default: $PARADECODE_CACHE or ~/.cache/paradecode)")
 
 
-def load_model(args: argparse.Namespace):
-    """``paradecode.load`` with the model arguments of ``add_model_arguments``."""
+def load_model(args: argparse.Namespace, dtype: str | None = None):
+    """``paradecode.load`` with the model arguments of ``add_model_arguments`` (``dtype`` overrides ``--dtype``)."""
     import paradecode
 
-    return paradecode.load(args.model, backend=args.backend, dtype=args.dtype, cache_dir=args.cache_dir)
+    return paradecode.load(args.model, backend=args.backend, dtype=dtype or args.dtype, cache_dir=args.cache_dir)
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,10 +178,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from paradecode.models import cached_models
-
     from paradecode import quality
-    from paradecode.models import cache_root, default_dtype
+    from paradecode.models import cache_root, cached_models, default_dtype
 
     for row in cached_models(args.cache_dir):
         state = f"cached, {row['size_mb']:.0f} MB" if row["cached"] else "not cached yet (converted on first use)"

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from paradecode.cli import load_model
 from paradecode.errors import ParadecodeError
 
 DTYPE_CHOICES = ("fp32", "int8")
@@ -56,12 +57,6 @@ def _positive(name: str, value: int) -> int:
     return value
 
 
-def _load(args: argparse.Namespace, dtype: str):
-    from paradecode.cli import load_model
-
-    return load_model(argparse.Namespace(**{**vars(args), "dtype": dtype}))
-
-
 def run_profile(args: argparse.Namespace) -> int:
     from paradecode.profile import measure_curve, plot
 
@@ -74,7 +69,7 @@ def run_profile(args: argparse.Namespace) -> int:
     _positive("--repeats", args.repeats)
     curves: dict[str, dict[int, float]] = {}
     for dtype in dtypes:
-        model = _load(args, dtype)
+        model = load_model(args, dtype)
         label = f"{type(model.backend).__name__} {model.dtype}"
         print(f"profiling {label} ...", file=sys.stderr, flush=True)
         try:
@@ -113,8 +108,8 @@ def run_quality(args: argparse.Namespace) -> int:
     dtypes = [d for d in _dtypes(args.dtypes) if d != "fp32"]
     _positive("--texts", args.texts)
     _positive("--max-tokens", args.max_tokens)
-    reference = _load(args, "fp32")
-    candidates = {d: _load(args, d).backend for d in dtypes}
+    reference = load_model(args, "fp32")
+    candidates = {d: load_model(args, d).backend for d in dtypes}
     texts = quality.evaluation_texts(load_questions(default_questions_path()), args.texts)
     sequences = [reference.tokenizer.encode(t)[: args.max_tokens] for t in texts]
     with tqdm(total=len(sequences), desc="scoring", unit="text", file=sys.stderr) as bar:

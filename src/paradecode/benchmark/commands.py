@@ -108,7 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                      max_length=getattr(model.backend, "max_length", None))
         models = {model.dtype: model}  # a variant with --opt LABEL.dtype=D runs on a copy of the model in D
         for dtype in {spec.dtype for spec in specs} - {None, model.dtype}:
-            models[dtype] = load_model(argparse.Namespace(**{**vars(args), "dtype": dtype}))
+            models[dtype] = load_model(args, dtype)
         if len(models) > 1:
             context["settings"]["variant_dtypes"] = {s.name: s.dtype for s in specs if s.dtype}
         contenders = []

@@ -261,6 +261,29 @@ def import_state(backend, state: Mapping[str, torch.Tensor]) -> None:
                                             state.get(f"{i}.{name}.bias"), precise=name in PRECISE))
 
 
+def native_forward(backend):
+    """The compiled forward pass over this int8 backend's weights and cache (``paradecode.backends.native``), or
+    None when the native kernels are unavailable. The backend's cache must be float32; the native pass also keeps
+    the keys transposed, in ``backend._keys_t`` [layers, Hkv, hd, slots]."""
+    from paradecode.backends import native
+
+    module = native.load()
+    if module is None:
+        return None
+    s = backend.shape
+
+    def parts(linear: Int8Linear) -> tuple:
+        return linear.weight, linear.step, linear._packed, linear.bias, linear.precise
+
+    backend._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, s.head_dim, backend.max_length)
+    stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, backend._embed,
+                               backend._norm, backend._cos, backend._sin, backend._cache, backend._keys_t)
+    for layer in backend._layers:
+        stack.add_layer(layer.attn_norm, layer.mlp_norm, *(parts(getattr(layer, name)) for name in PROJECTIONS))
+    stack.set_head(parts(backend._lm_head))
+    return stack
+
+
 def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.clone()
 
@@ -289,11 +312,15 @@ def choose_one_row_kernel(backend, repeats: int = 7) -> dict[str, float]:
         backend.reset()
         return statistics.median(times)
 
+    def use(packed_one_row: bool) -> None:
+        for linear in linears:
+            linear.packed_one_row = packed_one_row
+        if backend._native is not None:
+            backend._native.set_packed_one_row(packed_one_row)
+
     timings = {}
     for kernel in ("int_mm", "fbgemm"):
-        for linear in linears:
-            linear.packed_one_row = kernel == "fbgemm"
+        use(kernel == "fbgemm")
         timings[kernel] = one_token_seconds()
-    for linear in linears:
-        linear.packed_one_row = timings["fbgemm"] < timings["int_mm"]
+    use(timings["fbgemm"] < timings["int_mm"])
     return timings

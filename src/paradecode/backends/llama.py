@@ -169,6 +169,8 @@ class LlamaBackend:
         self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self._len = 0
         self._hidden_scale: torch.Tensor | None = None  # [D] undoes the LM head's smoothing on returned hidden
+        self._native = None  # int8: the compiled forward pass (int8.native_forward), when it could be built
+        self._keys_t: torch.Tensor | None = None  # the native pass's second copy of the keys, [L, Hkv, hd, slots]
         self.kernel_timings: dict[str, float] = {}  # int8: one-token forward time per one-row kernel tried
 
         def weight(name: str) -> torch.Tensor:
@@ -243,7 +245,10 @@ class LlamaBackend:
         else:
             int8.quantize_backend(self, calibration)
         self.dtype = "int8"
-        self._cache_in(torch.float64)  # exact attention reads it as it is (see _exact_attention)
+        self._cache_in(torch.float32)
+        self._native = int8.native_forward(self)  # exact per-row attention in float32 loops
+        if self._native is None:
+            self._cache_in(torch.float64)  # the PyTorch path's exact attention reads it as it is (_exact_attention)
         self.kernel_timings = int8.choose_one_row_kernel(self)
         return self
 
@@ -275,6 +280,8 @@ class LlamaBackend:
         if keep != list(range(len(keep))):
             kept = torch.tensor(keep) + start  # [K] slots to move to start, start+1, ...
             self._cache[:, :, start : start + len(keep)] = self._cache[:, :, kept]
+            if self._keys_t is not None:
+                self._keys_t[..., start : start + len(keep)] = self._keys_t[..., kept]
         self._len = start + len(keep)
 
     @staticmethod
@@ -313,10 +320,17 @@ class LlamaBackend:
             raise ValueError(f"layers must be ascending indices in [0, {self.num_layers}), got {list(layers)}")
         else:
             run_layers = [self._layers[i] for i in layers]
+        if mask is not None and mask.shape != (t, end):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
+        if self._native is not None:  # None stays None: the native pass is causal without a mask
+            indices = range(self.num_layers) if layers is None else layers
+            hidden, logits = self._native.forward(token_ids, start, positions, mask, list(indices)[:exit_layer])
+            self._len = end
+            if not return_hidden:
+                return ForwardOutput(logits=logits)
+            return ForwardOutput(logits=logits, hidden=hidden * self._hidden_scale)
         if mask is None:
             mask = causal_mask(start, t) if t > 1 else None  # one new token may see everything
-        elif mask.shape != (t, end):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
         if positions is None:
             cos, sin = self._cos[start:end], self._sin[start:end]  # [T, hd]
         else:

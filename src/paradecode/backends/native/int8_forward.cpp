@@ -1,0 +1,533 @@
+// The int8 Llama forward pass in one native call (see paradecode/backends/native/__init__.py).
+//
+// The Python forward spends more time dispatching ~75 small tensor ops per layer than multiplying: at one
+// token, a SmolLM2-135M forward is ~3 ms of int8 GEMMs and ~7 ms of everything else. Here every step but the
+// GEMMs is a plain loop over the rows (RMSNorm fused with the per-token int8 quantization, RoPE, the KV write,
+// attention, SiLU-times-up fused with the residual quantization, dequantization fused with the residual add),
+// and the GEMMs are the same exact int8 kernels the Python path uses (fbgemm's prepacked GEMM, or
+// torch._int_mm for one row), called directly.
+//
+// Exactness: every loop works on one row at a time, in an order that does not depend on how many rows share
+// the pass. Attention gathers the keys a row may see (its mask row) and reduces over them in slot order, so a
+// verified draft row computes bit for bit what a one-token forward of the same token computes later. That is
+// what keeps speculative decoding on this backend equal to plain decoding.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/native/quantized/PackedParams.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+// 16 floats in one value: GCC/Clang vector extensions, lowered to whatever the target has (AVX-512, AVX2, SSE).
+// Lane-wise + - * / are the same IEEE operations as on scalars, and -ffp-contract=off keeps the compiler from
+// fusing them, so a vector body and its scalar tail compute identical bits.
+typedef float vf __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t vi __attribute__((vector_size(64), aligned(4), may_alias));
+constexpr int kLanes = 16;
+constexpr int kSlots = 4 * kLanes;  // attention scores computed together (each still sums over its key in order)
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
+inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
+inline vf splat(float x) { return vf{} + x; }
+inline vf ld(const float* p, vf) { return load(p); }  // ld/st pick the width from their second argument's type
+inline float ld(const float* p, float) { return *p; }
+inline void st(float* p, vf v) { store(p, v); }
+inline void st(float* p, float v) { *p = v; }
+
+inline float fold(vf v) {  // the 16 lanes summed pairwise, in a fixed order
+  float a[kLanes];
+  std::memcpy(a, &v, sizeof(a));
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) a[l] += a[l + width];
+  }
+  return a[0];
+}
+
+// The same formulas on a float or on 16 lanes.
+inline float max_of(float a, float b) { return a < b ? b : a; }
+inline vf max_of(vf a, vf b) { return a < b ? b : a; }
+inline float min_of(float a, float b) { return b < a ? b : a; }
+inline vf min_of(vf a, vf b) { return b < a ? b : a; }
+inline float abs_of(float a) { return std::fabs(a); }
+inline vf abs_of(vf a) { return (vf)((vi)a & 0x7fffffff); }
+inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline vf pow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
+
+constexpr float kRound = 12582912.f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v (|v| < 2^22) half to even
+
+// e^x from plain arithmetic (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, times 2^n; relative
+// error ~1e-7), so that it vectorizes and rounds alike in the vector body and the scalar tail.
+template <typename T>
+inline T exp_approx(T x) {
+  x = min_of(max_of(x, T{} + -87.0f), T{} + 88.0f);
+  const T n = (x * 1.44269504088896341f + kRound) - kRound;
+  T r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  T p = T{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * pow2(n);
+}
+
+// Apply f(offset, lanes) over [0, n): 16 at a time with f(k, vf), then the tail one at a time with f(k, float).
+template <typename F>
+inline void each(int64_t n, F&& f) {
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) f(k, vf{});
+  for (; k < n; ++k) f(k, 0.f);
+}
+
+// dot(a, b): 16 partial sums by index, then the fixed fold.
+inline float dot(const float* a, const float* b, int64_t n) {
+  vf acc{};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc += load(a + k) * load(b + k);
+  float tail[kLanes] = {0};
+  for (int l = 0; k < n; ++k, ++l) tail[l] = a[k] * b[k];
+  return fold(acc + load(tail));
+}
+
+inline float lane_sum(const float* a, int64_t n) {
+  vf acc{};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc += load(a + k);
+  float tail[kLanes] = {0};
+  for (int l = 0; k < n; ++k, ++l) tail[l] = a[k];
+  return fold(acc + load(tail));
+}
+
+inline float abs_max(const float* a, int64_t n) {  // exact in any order
+  vf acc{};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, abs_of(load(a + k)));
+  float top = 0.f;
+  for (; k < n; ++k) top = max_of(top, abs_of(a[k]));
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (float v : lanes) top = max_of(top, v);
+  return top;
+}
+
+inline float max_value(const float* a, int64_t n) {  // exact in any order
+  vf acc = splat(-INFINITY);
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, load(a + k));
+  float top = -INFINITY;
+  for (; k < n; ++k) top = max_of(top, a[k]);
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (float v : lanes) top = max_of(top, v);
+  return top;
+}
+
+// Quantize one row to integer values in [-127, 127] (kept as float for fbgemm); returns max |x| (the scale).
+inline float quantize_row(const float* x, float* q, int64_t n) {
+  const float amax = max_of(abs_max(x, n), 1e-12f);
+  const float inv = 127.f / amax;
+  each(n, [&](int64_t k, auto z) { st(q + k, (ld(x + k, z) * inv + kRound) - kRound); });
+  return amax;
+}
+
+// Where a forward's time goes, when asked (``set_profiling``): seconds per stage, summed over calls.
+enum Stage { kNorm, kQuantize, kGemm, kDequantize, kRope, kAttention, kSilu, kHead, kStages };
+const char* const kStageNames[kStages] = {"norm", "quantize", "gemm", "dequantize", "rope+kv", "attention",
+                                          "silu*up", "lm head"};
+
+struct Clock {
+  bool on = false;
+  double seconds[kStages] = {0};
+  std::chrono::steady_clock::time_point last;
+  void start() {
+    if (on) last = std::chrono::steady_clock::now();
+  }
+  void lap(Stage stage) {  // the time since the last lap (or start) goes to `stage`
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    seconds[stage] += std::chrono::duration<double>(now - last).count();
+    last = now;
+  }
+};
+
+// One int8 projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row).
+struct Projection {
+  at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm's one-row path)
+  at::Tensor scale;     // [N] float32 step / 127
+  c10::intrusive_ptr<LinearPackedParamsBase> packed;  // fbgemm's prepacked weight; null: int_mm only
+  std::optional<at::Tensor> bias;  // [N] float32
+  bool precise = false;  // activations as int8 + an int8 residual row (for outlier-heavy inputs)
+  bool packed_one_row = false;  // fbgemm for a single row too (chosen by timing at load)
+
+  int64_t out_features() const { return scale.size(0); }
+
+  // q [R, K] integer-valued float rows -> [R, N] float32 sums times the weight's step/127 (no row scale yet).
+  at::Tensor raw(const at::Tensor& q) const {
+    if (packed && (q.size(0) > 1 || packed_one_row)) {
+      return packed->apply_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128);
+    }
+    at::Tensor acc = at::_int_mm(q.to(at::kChar), weight_t);  // [R, N] int32
+    return acc.to(at::kFloat).mul_(scale);
+  }
+
+  // x [T, K] -> out [T, N] (+= when accumulate, else =): quantizes every row (twice when precise), multiplies.
+  void apply(const at::Tensor& x, at::Tensor& out, bool accumulate, Clock& clock) const {
+    const int64_t t = x.size(0), k = x.size(1), n = out_features();
+    const int64_t rows = precise ? 2 * t : t;
+    at::Tensor q = at::empty({rows, k}, x.options());
+    std::vector<float> amax(rows);
+    const float* xp = x.data_ptr<float>();
+    float* qp = q.data_ptr<float>();
+    std::vector<float> residual(precise ? k : 0);
+    for (int64_t r = 0; r < t; ++r) {
+      const float* row = xp + r * k;
+      amax[r] = quantize_row(row, qp + r * k, k);
+      if (precise) {
+        const float step = amax[r] / 127.f;
+        for (int64_t c = 0; c < k; ++c) residual[c] = row[c] - qp[r * k + c] * step;
+        amax[t + r] = quantize_row(residual.data(), qp + (t + r) * k, k);
+      }
+    }
+    clock.lap(kQuantize);
+    at::Tensor y = raw(q);  // [rows, N]
+    clock.lap(kGemm);
+    const float* yp = y.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+    for (int64_t r = 0; r < t; ++r) {
+      float* o = op + r * n;
+      const float* y0 = yp + r * n;
+      const float a0 = amax[r];
+      if (precise) {
+        const float* y1 = yp + (t + r) * n;
+        const float a1 = amax[t + r];
+        for (int64_t c = 0; c < n; ++c) {
+          float v = y0[c] * a0 + y1[c] * a1;
+          if (bp) v += bp[c];
+          o[c] = accumulate ? o[c] + v : v;
+        }
+      } else {
+        for (int64_t c = 0; c < n; ++c) {
+          float v = y0[c] * a0;
+          if (bp) v += bp[c];
+          o[c] = accumulate ? o[c] + v : v;
+        }
+      }
+    }
+    clock.lap(kDequantize);
+  }
+};
+
+struct Layer {
+  at::Tensor attn_norm, mlp_norm;  // [D]
+  Projection qkv, o, gate_up, down;
+};
+
+c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {
+  if (packed.is_none()) return {};
+  c10::IValue value = torch::jit::toIValue(packed, c10::getCustomClassType<c10::intrusive_ptr<LinearPackedParamsBase>>());
+  return value.toCustomClass<LinearPackedParamsBase>();
+}
+
+Projection make_projection(at::Tensor weight, at::Tensor step, const py::object& packed,
+                           std::optional<at::Tensor> bias, bool precise) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "weight must be [N, K] int8");
+  Projection p;
+  p.weight_t = weight.t();
+  p.scale = (step / 127.0).contiguous();
+  p.packed = unwrap_packed(packed);
+  if (bias) p.bias = bias->contiguous();
+  p.precise = precise;
+  return p;
+}
+
+class Int8Forward {
+ public:
+  Int8Forward(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, at::Tensor embed, at::Tensor norm,
+              at::Tensor cos, at::Tensor sin, at::Tensor cache, at::Tensor keys_t)
+      : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()),
+        norm_(norm.contiguous()), cos_(cos.contiguous()), sin_(sin.contiguous()), cache_(cache), keys_t_(keys_t) {
+    TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat, "cache must be contiguous float32");
+    TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kFloat && keys_t.size(3) == cache.size(2),
+                "keys_t must be a contiguous float32 [layers, kv_heads, head_dim, slots]");
+    TORCH_CHECK(hq_ % hkv_ == 0, "query heads must be a multiple of kv heads");
+  }
+
+  void add_layer(at::Tensor attn_norm, at::Tensor mlp_norm, const py::tuple& qkv, const py::tuple& o,
+                 const py::tuple& gate_up, const py::tuple& down) {
+    Layer layer{attn_norm.contiguous(), mlp_norm.contiguous(), projection(qkv), projection(o),
+                projection(gate_up), projection(down)};
+    layers_.push_back(std::move(layer));
+  }
+
+  void set_head(const py::tuple& head) { head_ = projection(head); }
+
+  // Profiling: stage_seconds() sums each stage's wall time over the forwards since set_profiling(true).
+  void set_profiling(bool on) {
+    clock_ = Clock();
+    clock_.on = on;
+  }
+
+  std::map<std::string, double> stage_seconds() const {
+    std::map<std::string, double> out;
+    for (int stage = 0; stage < kStages; ++stage) out[kStageNames[stage]] = clock_.seconds[stage];
+    return out;
+  }
+
+  void set_packed_one_row(bool value) {
+    for (auto& layer : layers_) {
+      for (Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) p->packed_one_row = value;
+    }
+    head_.packed_one_row = value;
+  }
+
+  // ids [T] int64, rows start.. of the cache; positions [T] (RoPE) or None; mask [T, start+T] bool or None
+  // (causal); layers: indices to run. Returns (final-normed hidden [T, D], logits [T, V]).
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& ids, int64_t start, std::optional<at::Tensor> positions,
+                                             std::optional<at::Tensor> mask, const std::vector<int64_t>& layers) {
+    at::NoGradGuard no_grad;
+    const int64_t t = ids.size(0), end = start + t, d = embed_.size(1);
+    TORCH_CHECK(end <= cache_.size(2), "the pass does not fit the cache");
+    at::Tensor pos = positions ? positions->contiguous() : at::arange(start, end, ids.options());
+    at::Tensor x = embed_.index_select(0, ids).contiguous();  // [T, D]
+    at::Tensor h = at::empty_like(x);
+    at::Tensor mask_c;
+    if (mask) mask_c = mask->contiguous();
+    clock_.start();
+    for (int64_t index : layers) {
+      const Layer& layer = layers_.at(index);
+      at::Tensor slots = cache_[index];  // [2 Hkv, P, hd]
+      at::Tensor keys_t = keys_t_[index];  // [Hkv, hd, P]
+      rms_norm(x, layer.attn_norm, h);
+      clock_.lap(kNorm);
+      at::Tensor qkv = at::empty({t, layer.qkv.out_features()}, x.options());
+      layer.qkv.apply(h, qkv, false, clock_);
+      rope_and_store(qkv, pos, slots, keys_t, start);
+      clock_.lap(kRope);
+      at::Tensor attn = attention(qkv, slots, keys_t, start, mask_c);
+      clock_.lap(kAttention);
+      layer.o.apply(attn, x, true, clock_);
+      rms_norm(x, layer.mlp_norm, h);
+      clock_.lap(kNorm);
+      at::Tensor gate_up = at::empty({t, layer.gate_up.out_features()}, x.options());
+      layer.gate_up.apply(h, gate_up, false, clock_);
+      at::Tensor act = silu_mul(gate_up);
+      clock_.lap(kSilu);
+      layer.down.apply(act, x, true, clock_);
+    }
+    at::Tensor hidden = at::empty_like(x);
+    rms_norm(x, norm_, hidden);
+    at::Tensor logits = at::empty({t, head_.out_features()}, x.options());
+    Clock head_clock;
+    head_.apply(hidden, logits, false, head_clock);
+    clock_.lap(kHead);
+    return {hidden, logits};
+  }
+
+ private:
+  Projection projection(const py::tuple& parts) {
+    auto bias = parts[3].is_none() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(parts[3].cast<at::Tensor>());
+    return make_projection(parts[0].cast<at::Tensor>(), parts[1].cast<at::Tensor>(), parts[2], bias,
+                           parts[4].cast<bool>());
+  }
+
+  void rms_norm(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) const {
+    const int64_t t = x.size(0), d = x.size(1);
+    const float* xp = x.data_ptr<float>();
+    const float* w = weight.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t r = 0; r < t; ++r) {
+      const float* row = xp + r * d;
+      const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
+      for (int64_t c = 0; c < d; ++c) op[r * d + c] = row[c] * inv * w[c];
+    }
+  }
+
+  // RoPE (rotate-half layout) on the query and key heads of qkv [T, (Hq + 2 Hkv) hd], in place; keys and
+  // values go to cache slots start.. of this layer.
+  void rope_and_store(at::Tensor& qkv, const at::Tensor& pos, at::Tensor& slots, at::Tensor& keys_t,
+                      int64_t start) const {
+    const int64_t t = qkv.size(0), width = qkv.size(1), half = hd_ / 2, cap = slots.size(1);
+    float* qp = qkv.data_ptr<float>();
+    float* cache = slots.data_ptr<float>();
+    float* kt = keys_t.data_ptr<float>();
+    const float* cosp = cos_.data_ptr<float>();
+    const float* sinp = sin_.data_ptr<float>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    std::vector<float> rotated(hd_);
+    for (int64_t r = 0; r < t; ++r) {
+      const float* c = cosp + pp[r] * hd_;
+      const float* s = sinp + pp[r] * hd_;
+      for (int64_t head = 0; head < hq_ + hkv_; ++head) {
+        float* v = qp + r * width + head * hd_;
+        for (int64_t i = 0; i < half; ++i) rotated[i] = v[i] * c[i] + v[i + half] * s[i];
+        for (int64_t i = half; i < hd_; ++i) rotated[i] = v[i] * c[i] + v[i - half] * s[i];
+        std::copy(rotated.begin(), rotated.end(), v);
+      }
+      for (int64_t g = 0; g < 2 * hkv_; ++g) {  // key heads, then value heads
+        const float* src = qp + r * width + (hq_ + g) * hd_;
+        std::copy(src, src + hd_, cache + (g * cap + start + r) * hd_);
+      }
+      for (int64_t g = 0; g < hkv_; ++g) {  // and the keys transposed, for attention's slot-vectorized scores
+        const float* src = qp + r * width + (hq_ + g) * hd_;
+        for (int64_t c = 0; c < hd_; ++c) kt[(g * hd_ + c) * cap + start + r] = src[c];
+      }
+    }
+  }
+
+  // Row by row: each (row, head) scores every slot before the pass's end against the transposed keys (a
+  // vector of slots per head dimension, summed in dimension order), then keeps the slots its mask row allows,
+  // in slot order, for the softmax and the weighted sum of values.
+  at::Tensor attention(const at::Tensor& qkv, const at::Tensor& slots, const at::Tensor& keys_t, int64_t start,
+                       const at::Tensor& mask) const {
+    const int64_t t = qkv.size(0), width = qkv.size(1), cap = slots.size(1), end = start + t;
+    const int64_t group = hq_ / hkv_;
+    at::Tensor out = at::empty({t, hq_ * hd_}, qkv.options());
+    const float* qp = qkv.data_ptr<float>();
+    const float* kt = keys_t.data_ptr<float>();  // [Hkv, hd, P]
+    const float* values = slots.data_ptr<float>() + hkv_ * cap * hd_;  // [Hkv, P, hd]
+    const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
+    float* op = out.data_ptr<float>();
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd_));
+    const int64_t units = t * hq_;
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, end * hd_));
+    at::parallel_for(0, units, grain, [&](int64_t begin, int64_t stop) {
+      std::vector<float> scores(end), probs(end);
+      std::vector<int64_t> visible(end);
+      for (int64_t unit = begin; unit < stop; ++unit) {
+        const int64_t r = unit / hq_, head = unit % hq_, g = head / group;
+        const float* q = qp + r * width + head * hd_;
+        const float* kg = kt + g * hd_ * cap;
+        const int64_t seen = mp ? end : start + r + 1;  // slots that may be visible
+        float* sp = scores.data();
+        for (int64_t block = 0; block < seen; block += kSlots) {  // 64 scores in registers, each summed over c
+          const float* kb = kg + block;
+          if (block + kSlots <= seen) {
+            vf a0{}, a1{}, a2{}, a3{};
+            for (int64_t c = 0; c < hd_; ++c) {
+              const float* krow = kb + c * cap;
+              const float qc = q[c];
+              a0 += qc * load(krow);
+              a1 += qc * load(krow + kLanes);
+              a2 += qc * load(krow + 2 * kLanes);
+              a3 += qc * load(krow + 3 * kLanes);
+            }
+            store(sp + block, a0);
+            store(sp + block + kLanes, a1);
+            store(sp + block + 2 * kLanes, a2);
+            store(sp + block + 3 * kLanes, a3);
+          } else {
+            const int64_t n = seen - block;
+            float acc[kSlots] = {0};
+            for (int64_t c = 0; c < hd_; ++c) {
+              const float* krow = kb + c * cap;
+              const float qc = q[c];
+              for (int64_t l = 0; l < n; ++l) acc[l] += qc * krow[l];
+            }
+            std::copy(acc, acc + n, sp + block);
+          }
+        }
+        int64_t count = 0;
+        if (mp) {
+          const bool* row = mp + r * end;
+          for (int64_t j = 0; j < end; ++j) if (row[j]) visible[count++] = j;
+        } else {
+          for (int64_t j = 0; j < seen; ++j) visible[count++] = j;
+        }
+        float* pp = probs.data();
+        for (int64_t i = 0; i < count; ++i) pp[i] = sp[visible[i]] * scale;
+        const float top = max_value(pp, count);
+        each(count, [&](int64_t i, auto z) { st(pp + i, exp_approx(ld(pp + i, z) - top)); });
+        const float inv = 1.f / lane_sum(pp, count);
+        float* o = op + r * hq_ * hd_ + head * hd_;
+        const float* vg = values + g * cap * hd_;
+        int64_t chunk = 0;  // output dims in registers (64, then 16, then one), each summed over the slots in order
+        for (; chunk + 4 * kLanes <= hd_; chunk += 4 * kLanes) {
+          vf a0{}, a1{}, a2{}, a3{};
+          for (int64_t i = 0; i < count; ++i) {
+            const float* v = vg + visible[i] * hd_ + chunk;
+            const float p = pp[i];
+            a0 += p * load(v);
+            a1 += p * load(v + kLanes);
+            a2 += p * load(v + 2 * kLanes);
+            a3 += p * load(v + 3 * kLanes);
+          }
+          store(o + chunk, a0 * inv);
+          store(o + chunk + kLanes, a1 * inv);
+          store(o + chunk + 2 * kLanes, a2 * inv);
+          store(o + chunk + 3 * kLanes, a3 * inv);
+        }
+        for (; chunk + kLanes <= hd_; chunk += kLanes) {
+          vf acc{};
+          for (int64_t i = 0; i < count; ++i) acc += pp[i] * load(vg + visible[i] * hd_ + chunk);
+          store(o + chunk, acc * inv);
+        }
+        for (; chunk < hd_; ++chunk) {
+          float acc = 0.f;
+          for (int64_t i = 0; i < count; ++i) acc += pp[i] * vg[visible[i] * hd_ + chunk];
+          o[chunk] = acc * inv;
+        }
+      }
+    });
+    return out;
+  }
+
+  // gate_up [T, 2I] -> silu(gate) * up [T, I]
+  static at::Tensor silu_mul(const at::Tensor& gate_up) {
+    const int64_t t = gate_up.size(0), inter = gate_up.size(1) / 2;
+    at::Tensor out = at::empty({t, inter}, gate_up.options());
+    const float* gp = gate_up.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t r = 0; r < t; ++r) {
+      const float* g = gp + r * 2 * inter;
+      const float* u = g + inter;
+      float* o = op + r * inter;
+      each(inter, [&](int64_t c, auto z) {
+        const auto gate = ld(g + c, z);
+        st(o + c, gate / (1.f + exp_approx(-gate)) * ld(u + c, z));
+      });
+    }
+    return out;
+  }
+
+  int64_t hq_, hkv_, hd_;
+  double eps_;
+  at::Tensor embed_, norm_, cos_, sin_, cache_, keys_t_;
+  std::vector<Layer> layers_;
+  Projection head_;
+  Clock clock_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Int8Forward>(m, "Int8Forward")
+      .def(py::init<int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                    at::Tensor>())
+      .def("add_layer", &Int8Forward::add_layer)
+      .def("set_head", &Int8Forward::set_head)
+      .def("set_packed_one_row", &Int8Forward::set_packed_one_row)
+      .def("set_profiling", &Int8Forward::set_profiling)
+      .def("stage_seconds", &Int8Forward::stage_seconds)
+      .def("forward", &Int8Forward::forward, py::call_guard<py::gil_scoped_release>());
+}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -64,6 +65,13 @@ def _build(key: str) -> ModuleType | None:
 
     from paradecode.models import cache_root
 
+    if shutil.which("ninja") is None:  # the `ninja` wheel's binary, when its venv's bin/ is not on PATH
+        try:
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+        except ImportError:
+            pass
     build_dir = cache_root() / "native" / key
     fresh = not any(build_dir.glob("*.so"))
     if fresh:

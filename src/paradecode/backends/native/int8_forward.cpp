@@ -38,6 +38,7 @@ typedef float vf __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int32_t vi __attribute__((vector_size(64), aligned(4), may_alias));
 constexpr int kLanes = 16;
 constexpr int kSlots = 4 * kLanes;  // attention scores computed together (each still sums over its key in order)
+constexpr int64_t kParallelWork = 32768;  // multiply-adds per attention task (threads take at least this)
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
@@ -410,7 +411,7 @@ class Int8Forward {
     float* op = out.data_ptr<float>();
     const float scale = 1.f / std::sqrt(static_cast<float>(hd_));
     const int64_t units = t * hq_;
-    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, end * hd_));
+    const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, end * hd_));
     at::parallel_for(0, units, grain, [&](int64_t begin, int64_t stop) {
       std::vector<float> scores(end), probs(end);
       std::vector<int64_t> visible(end);

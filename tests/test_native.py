@@ -1,0 +1,136 @@
+"""The native int8 forward (paradecode/backends/native): built and used when a compiler is there, exact row by
+row whatever the pass size, equal in meaning to the PyTorch int8 forward, and a clean fallback without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from paradecode.backends import native
+from paradecode.backends.base import tree_depths, tree_mask
+from paradecode.backends.llama import LlamaBackend
+from tiny import run
+
+pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
+
+VOCAB = 64
+CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
+TREE_PARENTS = [-1, 0, 0, 1, 2, -1, 5]
+# head_dim 8 runs only the scalar tails; head_dim 72 runs the 64-wide vector body, a 16-wide chunk and a tail,
+# and an intermediate size of 100 leaves a tail after the 16-lane loops.
+SHAPES = {"narrow": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
+          "wide": dict(hidden_size=144, num_attention_heads=2, num_key_value_heads=1, intermediate_size=100)}
+
+
+def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, num_hidden_layers=3, max_position_embeddings=256,
+                                      tie_word_embeddings=False, **SHAPES[shape])
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)  # sharp logits: greedy choices that do not hinge on a last bit
+    return model
+
+
+def int8_backend(seed: int = 0, shape: str = "wide") -> LlamaBackend:
+    return LlamaBackend.from_hf(llama(seed, shape)).quantize_int8(CALIBRATION)
+
+
+def tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def one_by_one(backend: LlamaBackend, ids: torch.Tensor) -> torch.Tensor:
+    return torch.stack([backend.forward(token.view(1)).logits[0] for token in ids])
+
+
+def test_the_native_kernels_build_and_the_int8_backend_uses_them():
+    backend = int8_backend()
+    assert backend._native is not None, "the native int8 forward could not be built (see the warning above)"
+    assert backend._cache.dtype == torch.float32 and backend._keys_t is not None
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_row_equals_its_one_token_pass_to_the_bit(shape):
+    """Prefill, a causal chain and a tree pass give each row what a one-token forward gives it later; the
+    contexts (70+ slots) cross a 64-slot block of the attention's score loop."""
+    backend = int8_backend(3, shape)
+    prompt, chain = tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2)
+    backend.reset()
+    prefill = backend.forward(torch.cat((prompt, chain))).logits[len(prompt):]
+    backend.rollback(len(prompt))
+    single = one_by_one(backend, chain)
+    assert torch.equal(prefill, single)
+    backend.rollback(len(prompt))
+    assert torch.equal(backend.forward(chain).logits, single)
+    backend.rollback(len(prompt))
+    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
+    tree = backend.forward(chain, positions, tree_mask(TREE_PARENTS, len(prompt))).logits
+    for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (6, [5, 6])]:
+        backend.rollback(len(prompt))
+        last = one_by_one(backend, chain[path])[-1]
+        assert torch.equal(tree[node], last), node
+
+
+def test_commit_moves_the_transposed_keys_with_the_kept_path():
+    backend = int8_backend(4)
+    prompt, chain = tokens(66, seed=5), tokens(len(TREE_PARENTS), seed=6)
+    backend.reset()
+    backend.forward(prompt)
+    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
+    backend.forward(chain, positions, tree_mask(TREE_PARENTS, len(prompt)))
+    backend.commit(len(prompt), [0, 2, 4])  # the path 0 -> 2 -> 4 of the tree
+    after_commit = one_by_one(backend, tokens(3, seed=7))
+    backend.reset()
+    backend.forward(torch.cat((prompt, chain[[0, 2, 4]])))
+    assert torch.equal(after_commit, one_by_one(backend, tokens(3, seed=7)))
+
+
+def test_native_and_pytorch_int8_forwards_compute_the_same_model(monkeypatch):
+    """Same quantized weights; attention sums in float32 loops (native) or float64 (PyTorch), so the logits
+    differ by rounding only, amplified at most by an activation's quantization step."""
+    ids = tokens(90, seed=8)
+    fast = int8_backend(6)
+    monkeypatch.setenv("PARADECODE_NATIVE", "0")
+    slow = int8_backend(6)
+    assert slow._native is None and slow._cache.dtype == torch.float64
+    a, b = fast.forward(ids).logits, slow.forward(ids).logits
+    assert (a - b).abs().max() < 0.02 * b.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("method,options", [("ngram", {}), ("pld", {}), ("pld-tree", {}), ("jacobi", {}),
+                                            ("lookahead", {})])
+def test_methods_equal_ar_on_the_native_forward(method, options):
+    backend = int8_backend(9)
+    prompt = tokens(20, seed=10).tolist() * 2
+    reference, _ = run(backend, "ar", prompt, max_new_tokens=40)
+    output, _ = run(backend, method, prompt, max_new_tokens=40, **options)
+    assert output == reference
+
+
+def test_stage_profile_accounts_for_the_forward_time():
+    backend = int8_backend(2)
+    backend.reset()
+    backend.forward(tokens(30, seed=3))
+    backend._native.set_profiling(True)
+    for _ in range(3):
+        backend.forward(tokens(1, seed=4))
+    stages = backend._native.stage_seconds()
+    assert {"gemm", "attention", "quantize", "lm head"} <= set(stages)
+    assert stages["gemm"] > 0 and stages["attention"] > 0 and stages["lm head"] > 0
+    backend._native.set_profiling(False)
+    assert sum(backend._native.stage_seconds().values()) == 0
+
+
+def test_a_failed_build_warns_and_keeps_the_pytorch_forward(monkeypatch, tmp_path):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setenv("PARADECODE_CACHE", str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match="could not be built"):
+        backend = int8_backend(1, "narrow")
+    assert backend._native is None and backend._cache.dtype == torch.float64
+    backend.reset()
+    assert torch.isfinite(backend.forward(tokens(5, seed=1)).logits).all()

@@ -3,14 +3,18 @@ row whatever the pass size, equal in meaning to the PyTorch int8 forward, and a 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
 
+from paradecode import cli
 from paradecode.backends import native
 from paradecode.backends.base import tree_depths, tree_mask
 from paradecode.backends.llama import LlamaBackend
-from tiny import run
+from paradecode.profile import measure_stages
+from tiny import run, tiny_model_dir
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
@@ -110,18 +114,25 @@ def test_methods_equal_ar_on_the_native_forward(method, options):
     assert output == reference
 
 
-def test_stage_profile_accounts_for_the_forward_time():
+def test_stage_clock_times_each_stage_per_pass_size():
     backend = int8_backend(2)
-    backend.reset()
-    backend.forward(tokens(30, seed=3))
-    backend._native.set_profiling(True)
-    for _ in range(3):
-        backend.forward(tokens(1, seed=4))
-    stages = backend._native.stage_seconds()
-    assert {"gemm", "attention", "quantize", "lm head"} <= set(stages)
-    assert stages["gemm"] > 0 and stages["attention"] > 0 and stages["lm head"] > 0
-    backend._native.set_profiling(False)
-    assert sum(backend._native.stage_seconds().values()) == 0
+    stages = measure_stages(backend, sizes=(1, 4), context=30, repeats=2)
+    assert sorted(stages) == [1, 4]
+    for seconds in stages.values():
+        assert {"gemm", "attention", "quantize", "lm head", "norm"} <= set(seconds)
+        assert seconds["gemm"] > 0 and seconds["attention"] > 0 and seconds["lm head"] > 0
+    assert backend.stage_seconds(lambda: None) == dict.fromkeys(stages[1], 0.0)  # the clock restarts per call
+
+
+def test_profile_command_prints_the_stage_table(capsys, tmp_path):
+    model_dir = tiny_model_dir(tmp_path / "model")
+    code = cli.main(["profile", "--model", str(model_dir), "--dtypes", "int8", "--sizes", "1,2", "--context", "8",
+                     "--repeats", "2", "--stages", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "ms per stage" in out and "attention" in out and "gemm" in out
+    saved = json.loads((tmp_path / "cost_curve.json").read_text())
+    assert set(next(iter(saved["stage_seconds"].values()))) == {"1", "2"}
 
 
 def test_a_failed_build_warns_and_keeps_the_pytorch_forward(monkeypatch, tmp_path):

@@ -153,11 +153,10 @@ class Model:
         """Relative time of a forward over T = 1, 2, 4, 8, 16 new tokens on this backend and machine (T=1 -> 1),
         measured on first use (about a second) and kept in the cache per machine; the ``cost`` schedule uses it."""
         if self._cost_curve is None:
-            from paradecode.backends.int8 import FORMAT
             from paradecode.models import cache_root
             from paradecode.profile import cached_curve, relative
 
-            kernels = f"int8-v{FORMAT}" if self.dtype == "int8" else ""  # a kernel change measures anew
+            kernels = getattr(self.backend, "kernels", "")  # a kernel change measures anew
             key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}|{kernels}"
             self._cost_curve = relative(cached_curve(self.backend, cache_root(self.cache_dir), key))
         return self._cost_curve

@@ -27,6 +27,9 @@ def add_commands(commands) -> None:
     profile.add_argument("--sizes", default="1,2,4,8,16,32", help="token counts T (default: 1,2,4,8,16,32)")
     profile.add_argument("--context", type=int, default=256, help="cached tokens before each pass (default: 256)")
     profile.add_argument("--repeats", type=int, default=15, help="timed passes per T; the median is kept (default: 15)")
+    profile.add_argument("--stages", action="store_true",
+                         help="also time each stage of the forward (norm, quantize, GEMM, attention, ...) per T, "
+                              "where the backend runs the native int8 pass")
     profile.add_argument("--out", help="folder for cost_curve.json and cost_curve.png")
     profile.set_defaults(run=run_profile)
 
@@ -58,7 +61,7 @@ def _positive(name: str, value: int) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from paradecode.profile import measure_curve, plot
+    from paradecode.profile import measure_curve, measure_stages, plot
 
     dtypes = _dtypes(args.dtypes)
     try:
@@ -68,12 +71,15 @@ def run_profile(args: argparse.Namespace) -> int:
     _positive("--context", args.context)
     _positive("--repeats", args.repeats)
     curves: dict[str, dict[int, float]] = {}
+    stages: dict[str, dict[int, dict[str, float]]] = {}
     for dtype in dtypes:
         model = load_model(args, dtype)
         label = f"{type(model.backend).__name__} {model.dtype}"
         print(f"profiling {label} ...", file=sys.stderr, flush=True)
         try:
             curves[label] = measure_curve(model.backend, sizes, args.context, args.repeats)
+            if args.stages:
+                stages[label] = measure_stages(model.backend, sizes, args.context, args.repeats)
         except ValueError as error:
             raise ParadecodeError(str(error)) from None
     print(f"{'backend / dtype':<22}" + "".join(f"{'T=' + str(t):>10}" for t in sizes))
@@ -81,6 +87,13 @@ def run_profile(args: argparse.Namespace) -> int:
         one = curve[sizes[0]]
         cells = [f"{1000 * one:8.1f}ms"] + [f"{curve[t] / one:9.2f}x" for t in sizes[1:]]
         print(f"{label:<22}" + "".join(f"{c:>10}" for c in cells))
+    for label, per_size in stages.items():
+        print(f"\n{label}: ms per stage of one forward" if per_size else f"\n{label}: no stage clock (native int8 only)")
+        if per_size:
+            names = list(next(iter(per_size.values())))
+            print(f"{'stage':<14}" + "".join(f"{'T=' + str(t):>9}" for t in per_size))
+            for name in names:
+                print(f"{name:<14}" + "".join(f"{1000 * per_size[t][name]:9.2f}" for t in per_size))
     if args.out:
         from paradecode.profile import machine_key
 
@@ -88,7 +101,7 @@ def run_profile(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "cost_curve.json").write_text(json.dumps(
             {"machine": machine_key(), "model": args.model, "context": args.context, "repeats": args.repeats,
-             "seconds": curves}, indent=2))
+             "seconds": curves, "stage_seconds": stages}, indent=2))
         try:
             plot(curves, out / "cost_curve.png")
         except ImportError:

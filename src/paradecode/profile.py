@@ -63,6 +63,32 @@ def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
     return curve
 
 
+@torch.inference_mode()
+def measure_stages(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
+                   repeats: int = 7) -> dict[int, dict[str, float]]:
+    """Mean seconds per stage of one forward over T new tokens after ``context`` cached tokens, for each T, from
+    the native int8 pass's own clock ({} on a backend without one)."""
+    if getattr(backend, "stage_seconds", None) is None:
+        return {}
+    context = min(context, backend.max_length - max(sizes))
+    ids = torch.arange(context + max(sizes)) % backend.vocab_size
+    backend.reset()
+    backend.forward(ids[:context])
+    stages = {}
+    for t in sizes:
+        def passes() -> None:
+            for _ in range(repeats):
+                backend.forward(ids[context : context + t])
+                backend.rollback(context)
+
+        seconds = backend.stage_seconds(passes)
+        if seconds is None:
+            break
+        stages[t] = {stage: total / repeats for stage, total in seconds.items()}
+    backend.reset()
+    return stages
+
+
 def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> dict[int, float]:
     """This machine's curve for ``model_key`` (model and dtype), measured once and kept in the cache."""
     key = hashlib.sha256(f"{machine_key()}|{model_key}|{list(sizes)}".encode()).hexdigest()[:16]

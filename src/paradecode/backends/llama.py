@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -260,6 +260,27 @@ class LlamaBackend:
         for layer, slots in zip(self._layers, self._cache):
             layer.slots = slots
             layer.keys, layer.values = slots[:hkv].unsqueeze(0), slots[hkv:].unsqueeze(0)
+
+    @property
+    def kernels(self) -> str:
+        """Names what the forward runs on, for caches of measured speed (a new kernel measures anew)."""
+        if self.dtype != "int8":
+            return self.dtype
+        from paradecode.backends import native
+
+        return f"int8-v{int8.FORMAT}" + (f"-native-{native.build_key()}" if self._native is not None else "")
+
+    def stage_seconds(self, work: Callable[[], Any]) -> dict[str, float] | None:
+        """Run ``work`` (forwards on this backend) with the native pass timing its stages: seconds per stage
+        (norm, quantize, gemm, dequantize, rope+kv, attention, silu*up, lm head), or None without it."""
+        if self._native is None:
+            return None
+        self._native.set_profiling(True)
+        try:
+            work()
+            return dict(self._native.stage_seconds())
+        finally:
+            self._native.set_profiling(False)
 
     @property
     def cache_len(self) -> int:

@@ -72,6 +72,25 @@ inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
 }
 inline vf pow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
 
+// a * b + c with one rounding where the CPU has fused multiply-add, on a float and on every lane alike (IEEE
+// fma is exact then rounded, whatever the vector width); two roundings everywhere without it.
+inline float mul_add(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline vf mul_add(vf a, vf b, vf c) {
+#ifdef __FMA__
+  vf r;
+  for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+#else
+  return a * b + c;
+#endif
+}
+
 constexpr float kRound = 12582912.f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v (|v| < 2^22) half to even
 
 // e^x from plain arithmetic (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, times 2^n; relative
@@ -428,10 +447,10 @@ class Int8Forward {
             for (int64_t c = 0; c < hd_; ++c) {
               const float* krow = kb + c * cap;
               const float qc = q[c];
-              a0 += qc * load(krow);
-              a1 += qc * load(krow + kLanes);
-              a2 += qc * load(krow + 2 * kLanes);
-              a3 += qc * load(krow + 3 * kLanes);
+              a0 = mul_add(splat(qc), load(krow), a0);
+              a1 = mul_add(splat(qc), load(krow + kLanes), a1);
+              a2 = mul_add(splat(qc), load(krow + 2 * kLanes), a2);
+              a3 = mul_add(splat(qc), load(krow + 3 * kLanes), a3);
             }
             store(sp + block, a0);
             store(sp + block + kLanes, a1);
@@ -443,7 +462,7 @@ class Int8Forward {
             for (int64_t c = 0; c < hd_; ++c) {
               const float* krow = kb + c * cap;
               const float qc = q[c];
-              for (int64_t l = 0; l < n; ++l) acc[l] += qc * krow[l];
+              for (int64_t l = 0; l < n; ++l) acc[l] = mul_add(qc, krow[l], acc[l]);
             }
             std::copy(acc, acc + n, sp + block);
           }
@@ -468,10 +487,10 @@ class Int8Forward {
           for (int64_t i = 0; i < count; ++i) {
             const float* v = vg + visible[i] * hd_ + chunk;
             const float p = pp[i];
-            a0 += p * load(v);
-            a1 += p * load(v + kLanes);
-            a2 += p * load(v + 2 * kLanes);
-            a3 += p * load(v + 3 * kLanes);
+            a0 = mul_add(splat(p), load(v), a0);
+            a1 = mul_add(splat(p), load(v + kLanes), a1);
+            a2 = mul_add(splat(p), load(v + 2 * kLanes), a2);
+            a3 = mul_add(splat(p), load(v + 3 * kLanes), a3);
           }
           store(o + chunk, a0 * inv);
           store(o + chunk + kLanes, a1 * inv);
@@ -480,12 +499,12 @@ class Int8Forward {
         }
         for (; chunk + kLanes <= hd_; chunk += kLanes) {
           vf acc{};
-          for (int64_t i = 0; i < count; ++i) acc += pp[i] * load(vg + visible[i] * hd_ + chunk);
+          for (int64_t i = 0; i < count; ++i) acc = mul_add(splat(pp[i]), load(vg + visible[i] * hd_ + chunk), acc);
           store(o + chunk, acc * inv);
         }
         for (; chunk < hd_; ++chunk) {
           float acc = 0.f;
-          for (int64_t i = 0; i < count; ++i) acc += pp[i] * vg[visible[i] * hd_ + chunk];
+          for (int64_t i = 0; i < count; ++i) acc = mul_add(pp[i], vg[visible[i] * hd_ + chunk], acc);
           o[chunk] = acc * inv;
         }
       }

@@ -57,12 +57,13 @@ def test_the_native_kernels_build_and_the_int8_backend_uses_them():
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_every_row_equals_its_one_token_pass_to_the_bit(shape):
-    """Prefill, a causal chain and a tree pass give each row what a one-token forward gives it later; the
-    contexts (70+ slots) cross a 64-slot block of the attention's score loop."""
+    """A 57-token pass, a causal chain and a tree pass give each row what a one-token forward gives it later;
+    the contexts (70+ slots) cross a 64-slot block of the attention's score loop."""
     backend = int8_backend(3, shape)
     prompt, chain = tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2)
     backend.reset()
-    prefill = backend.forward(torch.cat((prompt, chain))).logits[len(prompt):]
+    backend.forward(prompt[:20])
+    prefill = backend.forward(torch.cat((prompt[20:], chain))).logits[len(prompt) - 20:]
     backend.rollback(len(prompt))
     single = one_by_one(backend, chain)
     assert torch.equal(prefill, single)
@@ -75,6 +76,25 @@ def test_every_row_equals_its_one_token_pass_to_the_bit(shape):
         backend.rollback(len(prompt))
         last = one_by_one(backend, chain[path])[-1]
         assert torch.equal(tree[node], last), node
+
+
+def test_a_long_pass_is_exact_too_and_may_skip_the_lm_head():
+    """A 100-row pass (a prefill) gives its rows what shorter passes give them; a prefill whose logits nobody
+    reads skips the LM head and leaves the same cache."""
+    backend = int8_backend(7)
+    ids = tokens(100, seed=3)
+    backend.reset()
+    long_pass = backend.forward(ids).logits  # one pass of 100 rows
+    backend.reset()
+    backend.forward(ids[:50])
+    assert torch.equal(long_pass[50:], backend.forward(ids[50:]).logits)  # rows 50..99 in a 50-row pass
+    backend.reset()
+    skipped = backend.forward(ids, return_hidden=True, logits=False)
+    assert skipped.logits is None and skipped.hidden.shape == (100, 144)
+    after_skipped = backend.forward(ids[:1]).logits
+    backend.reset()
+    backend.forward(ids)
+    assert torch.equal(after_skipped, backend.forward(ids[:1]).logits)  # the same cache either way
 
 
 def test_commit_moves_the_transposed_keys_with_the_kept_path():

@@ -57,7 +57,8 @@ def decode(
     hidden = drafter.needs_hidden  # trained heads read the target's hidden states (prefill and every step)
     prompt_hidden = None
     if len(prompt) > 1:
-        prompt_hidden = backend.forward(torch.tensor(prompt[:-1], dtype=torch.long), return_hidden=hidden).hidden
+        prompt_hidden = backend.forward(torch.tensor(prompt[:-1], dtype=torch.long), return_hidden=hidden,
+                                        logits=False).hidden  # the prompt's last token is fed by the first step
     state = DecodeState(
         tokens=list(prompt),
         prompt_len=len(prompt),

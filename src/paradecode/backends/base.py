@@ -19,7 +19,7 @@ import torch
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [T, vocab] float32
+    logits: torch.Tensor | None  # [T, vocab] float32; None when the caller asked for none (a prefill)
     hidden: torch.Tensor | None = None  # [T, hidden] last hidden state (before the LM head), when asked
 
 
@@ -44,6 +44,7 @@ class Backend(Protocol):
         return_hidden: bool = False,
         exit_layer: int | None = None,  # run only the first `exit_layer` layers, then norm + LM head
         layers: Sequence[int] | None = None,  # or run only these layers (ascending), then norm + LM head
+        logits: bool = True,  # False: skip the LM head (a prefill whose logits nobody reads); output logits None
     ) -> ForwardOutput: ...
 
     def rollback(self, length: int) -> None:

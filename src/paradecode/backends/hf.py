@@ -107,6 +107,7 @@ class HFBackend:
         return_hidden: bool = False,
         exit_layer: int | None = None,
         layers: Sequence[int] | None = None,
+        logits: bool = True,  # transformers computes them anyway; they are dropped when not wanted
     ) -> ForwardOutput:
         if exit_layer is not None or layers is not None:
             raise NotImplementedError("HFBackend always runs every layer; a subset of layers needs LlamaBackend")
@@ -130,7 +131,7 @@ class HFBackend:
         )
         self._positions = key_positions
         hidden = out.hidden_states[-1][0] if return_hidden else None  # [T, D] after the final norm
-        return ForwardOutput(logits=out.logits[0].float(), hidden=hidden)
+        return ForwardOutput(logits=out.logits[0].float() if logits else None, hidden=hidden)
 
     def _model_masks(
         self, mask: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor

@@ -264,7 +264,7 @@ def import_state(backend, state: Mapping[str, torch.Tensor]) -> None:
 def native_forward(backend):
     """The compiled forward pass over this int8 backend's weights and cache (``paradecode.backends.native``), or
     None when the native kernels are unavailable. The backend's cache must be float32; the native pass also keeps
-    the keys transposed, in ``backend._keys_t`` [layers, Hkv, hd, slots]."""
+    the keys transposed in blocks of 16 slots, in ``backend._keys_t`` [layers, Hkv, slots / 16, hd, 16]."""
     from paradecode.backends import native
 
     module = native.load()
@@ -275,7 +275,8 @@ def native_forward(backend):
     def parts(linear: Int8Linear) -> tuple:
         return linear.weight, linear.step, linear._packed, linear.bias, linear.precise
 
-    backend._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, s.head_dim, backend.max_length)
+    blocks = -(-backend.max_length // 16)
+    backend._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, blocks, s.head_dim, 16)
     stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, backend._embed,
                                backend._norm, backend._cos, backend._sin, backend._cache, backend._keys_t)
     for layer in backend._layers:

@@ -170,7 +170,7 @@ class LlamaBackend:
         self._len = 0
         self._hidden_scale: torch.Tensor | None = None  # [D] undoes the LM head's smoothing on returned hidden
         self._native = None  # int8: the compiled forward pass (int8.native_forward), when it could be built
-        self._keys_t: torch.Tensor | None = None  # the native pass's second copy of the keys, [L, Hkv, hd, slots]
+        self._keys_t: torch.Tensor | None = None  # the native pass's transposed keys (int8.native_forward)
         self.kernel_timings: dict[str, float] = {}  # int8: one-token forward time per one-row kernel tried
 
         def weight(name: str) -> torch.Tensor:
@@ -301,8 +301,8 @@ class LlamaBackend:
         if keep != list(range(len(keep))):
             kept = torch.tensor(keep) + start  # [K] slots to move to start, start+1, ...
             self._cache[:, :, start : start + len(keep)] = self._cache[:, :, kept]
-            if self._keys_t is not None:
-                self._keys_t[..., start : start + len(keep)] = self._keys_t[..., kept]
+            if self._native is not None:
+                self._native.refresh_keys(start, len(keep))  # its transposed copy of the keys
         self._len = start + len(keep)
 
     @staticmethod
@@ -326,6 +326,7 @@ class LlamaBackend:
         return_hidden: bool = False,
         exit_layer: int | None = None,
         layers: Sequence[int] | None = None,
+        logits: bool = True,
     ) -> ForwardOutput:
         t, start = token_ids.shape[0], self._len
         end = start + t
@@ -345,11 +346,11 @@ class LlamaBackend:
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
         if self._native is not None:  # None stays None: the native pass is causal without a mask
             indices = range(self.num_layers) if layers is None else layers
-            hidden, logits = self._native.forward(token_ids, start, positions, mask, list(indices)[:exit_layer])
+            hidden, scores = self._native.forward(token_ids, start, positions, mask, list(indices)[:exit_layer],
+                                                  logits)
             self._len = end
-            if not return_hidden:
-                return ForwardOutput(logits=logits)
-            return ForwardOutput(logits=logits, hidden=hidden * self._hidden_scale)
+            return ForwardOutput(logits=scores if logits else None,
+                                 hidden=hidden * self._hidden_scale if return_hidden else None)
         if mask is None:
             mask = causal_mask(start, t) if t > 1 else None  # one new token may see everything
         if positions is None:
@@ -388,8 +389,8 @@ class LlamaBackend:
             x = layer.down.add_to(x, F.silu(gate) * up, few_rows)  # [T, D]
         self._len = end
         hidden = F.rms_norm(x, (d,), self._norm, s.rms_norm_eps)  # [T, D]
-        logits = self._lm_head.wide(hidden).float()  # [T, V]
+        scores = self._lm_head.wide(hidden).float() if logits else None  # [T, V]
         if return_hidden and self._hidden_scale is not None:
             hidden = hidden * self._hidden_scale  # the final norm's output before smoothing
-        return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
+        return ForwardOutput(logits=scores, hidden=hidden if return_hidden else None)
 

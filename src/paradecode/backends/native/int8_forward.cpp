@@ -288,8 +288,9 @@ class Int8Forward {
       : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()),
         norm_(norm.contiguous()), cos_(cos.contiguous()), sin_(sin.contiguous()), cache_(cache), keys_t_(keys_t) {
     TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat, "cache must be contiguous float32");
-    TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kFloat && keys_t.size(3) == cache.size(2),
-                "keys_t must be a contiguous float32 [layers, kv_heads, head_dim, slots]");
+    TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kFloat && keys_t.dim() == 5 &&
+                    keys_t.size(2) * kLanes >= cache.size(2) && keys_t.size(3) == head_dim && keys_t.size(4) == kLanes,
+                "keys_t must be a contiguous float32 [layers, kv_heads, slots / 16, head_dim, 16]");
     TORCH_CHECK(hq_ % hkv_ == 0, "query heads must be a multiple of kv heads");
   }
 
@@ -301,6 +302,21 @@ class Int8Forward {
   }
 
   void set_head(const py::tuple& head) { head_ = projection(head); }
+
+  // Rewrite the transposed keys of slots [start, start + count) from the cache (after commit moved slots).
+  void refresh_keys(int64_t start, int64_t count) {
+    const int64_t layers = cache_.size(0), cap = cache_.size(2);
+    TORCH_CHECK(start >= 0 && count >= 0 && start + count <= cap, "slots out of range");
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const float* keys = cache_[layer].data_ptr<float>();  // key heads first: [Hkv, P, hd]
+      float* kt = keys_t_[layer].data_ptr<float>();
+      for (int64_t g = 0; g < hkv_; ++g) {
+        for (int64_t j = start; j < start + count; ++j) {
+          for (int64_t c = 0; c < hd_; ++c) kt[key_index(g, j, c)] = keys[(g * cap + j) * hd_ + c];
+        }
+      }
+    }
+  }
 
   // Profiling: stage_seconds() sums each stage's wall time over the forwards since set_profiling(true).
   void set_profiling(bool on) {
@@ -322,9 +338,10 @@ class Int8Forward {
   }
 
   // ids [T] int64, rows start.. of the cache; positions [T] (RoPE) or None; mask [T, start+T] bool or None
-  // (causal); layers: indices to run. Returns (final-normed hidden [T, D], logits [T, V]).
+  // (causal); layers: indices to run. Returns (final-normed hidden [T, D], logits [T, V] or undefined).
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& ids, int64_t start, std::optional<at::Tensor> positions,
-                                             std::optional<at::Tensor> mask, const std::vector<int64_t>& layers) {
+                                             std::optional<at::Tensor> mask, const std::vector<int64_t>& layers,
+                                             bool want_logits) {
     at::NoGradGuard no_grad;
     const int64_t t = ids.size(0), end = start + t, d = embed_.size(1);
     TORCH_CHECK(end <= cache_.size(2), "the pass does not fit the cache");
@@ -337,7 +354,7 @@ class Int8Forward {
     for (int64_t index : layers) {
       const Layer& layer = layers_.at(index);
       at::Tensor slots = cache_[index];  // [2 Hkv, P, hd]
-      at::Tensor keys_t = keys_t_[index];  // [Hkv, hd, P]
+      at::Tensor keys_t = keys_t_[index];  // [Hkv, P / 16, hd, 16]
       rms_norm(x, layer.attn_norm, h);
       clock_.lap(kNorm);
       at::Tensor qkv = at::empty({t, layer.qkv.out_features()}, x.options());
@@ -357,9 +374,12 @@ class Int8Forward {
     }
     at::Tensor hidden = at::empty_like(x);
     rms_norm(x, norm_, hidden);
-    at::Tensor logits = at::empty({t, head_.out_features()}, x.options());
-    Clock head_clock;
-    head_.apply(hidden, logits, false, head_clock);
+    at::Tensor logits;  // undefined (None) when not wanted: a prefill skips the LM head
+    if (want_logits) {
+      logits = at::empty({t, head_.out_features()}, x.options());
+      Clock head_clock;
+      head_.apply(hidden, logits, false, head_clock);
+    }
     clock_.lap(kHead);
     return {hidden, logits};
   }
@@ -381,6 +401,12 @@ class Int8Forward {
       const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
       for (int64_t c = 0; c < d; ++c) op[r * d + c] = row[c] * inv * w[c];
     }
+  }
+
+  // Offset of key head g, slot j, dimension c in one layer's transposed keys [Hkv, P / 16, hd, 16]: 16 slots
+  // side by side per dimension, so 16 scores are one vector multiply-add per dimension.
+  int64_t key_index(int64_t g, int64_t j, int64_t c) const {
+    return ((g * keys_t_.size(2) + j / kLanes) * hd_ + c) * kLanes + j % kLanes;
   }
 
   // RoPE (rotate-half layout) on the query and key heads of qkv [T, (Hq + 2 Hkv) hd], in place; keys and
@@ -410,7 +436,7 @@ class Int8Forward {
       }
       for (int64_t g = 0; g < hkv_; ++g) {  // and the keys transposed, for attention's slot-vectorized scores
         const float* src = qp + r * width + (hq_ + g) * hd_;
-        for (int64_t c = 0; c < hd_; ++c) kt[(g * hd_ + c) * cap + start + r] = src[c];
+        for (int64_t c = 0; c < hd_; ++c) kt[key_index(g, start + r, c)] = src[c];
       }
     }
   }
@@ -424,7 +450,7 @@ class Int8Forward {
     const int64_t group = hq_ / hkv_;
     at::Tensor out = at::empty({t, hq_ * hd_}, qkv.options());
     const float* qp = qkv.data_ptr<float>();
-    const float* kt = keys_t.data_ptr<float>();  // [Hkv, hd, P]
+    const float* kt = keys_t.data_ptr<float>();  // [Hkv, P / 16, hd, 16]
     const float* values = slots.data_ptr<float>() + hkv_ * cap * hd_;  // [Hkv, P, hd]
     const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
     float* op = out.data_ptr<float>();
@@ -432,40 +458,40 @@ class Int8Forward {
     const int64_t units = t * hq_;
     const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, end * hd_));
     at::parallel_for(0, units, grain, [&](int64_t begin, int64_t stop) {
-      std::vector<float> scores(end), probs(end);
+      std::vector<float> scores((end + kLanes - 1) / kLanes * kLanes), probs(end);
       std::vector<int64_t> visible(end);
       for (int64_t unit = begin; unit < stop; ++unit) {
         const int64_t r = unit / hq_, head = unit % hq_, g = head / group;
         const float* q = qp + r * width + head * hd_;
-        const float* kg = kt + g * hd_ * cap;
+        const float* kg = kt + key_index(g, 0, 0);
         const int64_t seen = mp ? end : start + r + 1;  // slots that may be visible
         float* sp = scores.data();
-        for (int64_t block = 0; block < seen; block += kSlots) {  // 64 scores in registers, each summed over c
-          const float* kb = kg + block;
-          if (block + kSlots <= seen) {
-            vf a0{}, a1{}, a2{}, a3{};
-            for (int64_t c = 0; c < hd_; ++c) {
-              const float* krow = kb + c * cap;
-              const float qc = q[c];
-              a0 = mul_add(splat(qc), load(krow), a0);
-              a1 = mul_add(splat(qc), load(krow + kLanes), a1);
-              a2 = mul_add(splat(qc), load(krow + 2 * kLanes), a2);
-              a3 = mul_add(splat(qc), load(krow + 3 * kLanes), a3);
-            }
-            store(sp + block, a0);
-            store(sp + block + kLanes, a1);
-            store(sp + block + 2 * kLanes, a2);
-            store(sp + block + 3 * kLanes, a3);
-          } else {
-            const int64_t n = seen - block;
-            float acc[kSlots] = {0};
-            for (int64_t c = 0; c < hd_; ++c) {
-              const float* krow = kb + c * cap;
-              const float qc = q[c];
-              for (int64_t l = 0; l < n; ++l) acc[l] = mul_add(qc, krow[l], acc[l]);
-            }
-            std::copy(acc, acc + n, sp + block);
+        // Scores of whole 16-slot blocks (a block's slots past `seen` are scored too and never used): 64 at a
+        // time while they last, then 16; each slot's score is the same chain of multiply-adds either way.
+        const int64_t padded = (seen + kLanes - 1) / kLanes * kLanes;
+        const int64_t next = hd_ * kLanes;  // from one 16-slot block to the next
+        int64_t block = 0;
+        for (; block + kSlots <= padded; block += kSlots) {
+          const float* b0 = kg + key_index(0, block, 0);
+          vf a0{}, a1{}, a2{}, a3{};
+          for (int64_t c = 0; c < hd_; ++c) {
+            const float* kc = b0 + c * kLanes;
+            const vf qc = splat(q[c]);
+            a0 = mul_add(qc, load(kc), a0);
+            a1 = mul_add(qc, load(kc + next), a1);
+            a2 = mul_add(qc, load(kc + 2 * next), a2);
+            a3 = mul_add(qc, load(kc + 3 * next), a3);
           }
+          store(sp + block, a0);
+          store(sp + block + kLanes, a1);
+          store(sp + block + 2 * kLanes, a2);
+          store(sp + block + 3 * kLanes, a3);
+        }
+        for (; block < padded; block += kLanes) {
+          const float* b0 = kg + key_index(0, block, 0);
+          vf a0{};
+          for (int64_t c = 0; c < hd_; ++c) a0 = mul_add(splat(q[c]), load(b0 + c * kLanes), a0);
+          store(sp + block, a0);
         }
         int64_t count = 0;
         if (mp) {
@@ -546,6 +572,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     at::Tensor>())
       .def("add_layer", &Int8Forward::add_layer)
       .def("set_head", &Int8Forward::set_head)
+      .def("refresh_keys", &Int8Forward::refresh_keys)
       .def("set_packed_one_row", &Int8Forward::set_packed_one_row)
       .def("set_profiling", &Int8Forward::set_profiling)
       .def("stage_seconds", &Int8Forward::stage_seconds)

@@ -23,6 +23,7 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("int8_forward.cpp")
+HEADERS = ("lanes.h", "projection.h")  # included by SOURCE; part of the build key
 # -ffp-contract=off: no fused multiply-adds chosen by the compiler, so a loop's vectorized body and its scalar
 # tail round alike (the per-row exactness of the forward must not depend on where a row starts in memory).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
@@ -46,7 +47,8 @@ def cpu_flags() -> str:
 
 
 def build_key() -> str:
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(), cpu_flags().encode()]
+    headers = [SOURCE.with_name(name) for name in HEADERS]
+    parts = [SOURCE.read_bytes(), *(h.read_bytes() for h in headers if h.is_file()), torch.__version__.encode(), " ".join(FLAGS).encode(), cpu_flags().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 

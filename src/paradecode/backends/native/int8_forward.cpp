@@ -15,271 +15,18 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
-#include <ATen/native/quantized/PackedParams.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <map>
-#include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-namespace {
+#include "lanes.h"
+#include "projection.h"
 
-// 16 floats in one value: GCC/Clang vector extensions, lowered to whatever the target has (AVX-512, AVX2, SSE).
-// Lane-wise + - * / are the same IEEE operations as on scalars, and -ffp-contract=off keeps the compiler from
-// fusing them, so a vector body and its scalar tail compute identical bits.
-typedef float vf __attribute__((vector_size(64), aligned(4), may_alias));
-typedef int32_t vi __attribute__((vector_size(64), aligned(4), may_alias));
-constexpr int kLanes = 16;
+namespace paradecode {
+
 constexpr int kSlots = 4 * kLanes;  // attention scores computed together (each still sums over its key in order)
 constexpr int64_t kParallelWork = 32768;  // multiply-adds per attention task (threads take at least this)
-
-inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
-inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
-inline vf splat(float x) { return vf{} + x; }
-inline vf ld(const float* p, vf) { return load(p); }  // ld/st pick the width from their second argument's type
-inline float ld(const float* p, float) { return *p; }
-inline void st(float* p, vf v) { store(p, v); }
-inline void st(float* p, float v) { *p = v; }
-
-inline float fold(vf v) {  // the 16 lanes summed pairwise, in a fixed order
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof(a));
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int l = 0; l < width; ++l) a[l] += a[l + width];
-  }
-  return a[0];
-}
-
-// The same formulas on a float or on 16 lanes.
-inline float max_of(float a, float b) { return a < b ? b : a; }
-inline vf max_of(vf a, vf b) { return a < b ? b : a; }
-inline float min_of(float a, float b) { return b < a ? b : a; }
-inline vf min_of(vf a, vf b) { return b < a ? b : a; }
-inline float abs_of(float a) { return std::fabs(a); }
-inline vf abs_of(vf a) { return (vf)((vi)a & 0x7fffffff); }
-inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-inline vf pow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
-
-// a * b + c with one rounding where the CPU has fused multiply-add, on a float and on every lane alike (IEEE
-// fma is exact then rounded, whatever the vector width); two roundings everywhere without it.
-inline float mul_add(float a, float b, float c) {
-#ifdef __FMA__
-  return __builtin_fmaf(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-inline vf mul_add(vf a, vf b, vf c) {
-#ifdef __FMA__
-  vf r;
-  for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
-  return r;
-#else
-  return a * b + c;
-#endif
-}
-
-constexpr float kRound = 12582912.f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v (|v| < 2^22) half to even
-
-// e^x from plain arithmetic (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, times 2^n; relative
-// error ~1e-7), so that it vectorizes and rounds alike in the vector body and the scalar tail.
-template <typename T>
-inline T exp_approx(T x) {
-  x = min_of(max_of(x, T{} + -87.0f), T{} + 88.0f);
-  const T n = (x * 1.44269504088896341f + kRound) - kRound;
-  T r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  T p = T{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * pow2(n);
-}
-
-// Apply f(offset, lanes) over [0, n): 16 at a time with f(k, vf), then the tail one at a time with f(k, float).
-template <typename F>
-inline void each(int64_t n, F&& f) {
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) f(k, vf{});
-  for (; k < n; ++k) f(k, 0.f);
-}
-
-// dot(a, b): 16 partial sums by index, then the fixed fold.
-inline float dot(const float* a, const float* b, int64_t n) {
-  vf acc{};
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) acc += load(a + k) * load(b + k);
-  float tail[kLanes] = {0};
-  for (int l = 0; k < n; ++k, ++l) tail[l] = a[k] * b[k];
-  return fold(acc + load(tail));
-}
-
-inline float lane_sum(const float* a, int64_t n) {
-  vf acc{};
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) acc += load(a + k);
-  float tail[kLanes] = {0};
-  for (int l = 0; k < n; ++k, ++l) tail[l] = a[k];
-  return fold(acc + load(tail));
-}
-
-inline float abs_max(const float* a, int64_t n) {  // exact in any order
-  vf acc{};
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, abs_of(load(a + k)));
-  float top = 0.f;
-  for (; k < n; ++k) top = max_of(top, abs_of(a[k]));
-  float lanes[kLanes];
-  std::memcpy(lanes, &acc, sizeof(lanes));
-  for (float v : lanes) top = max_of(top, v);
-  return top;
-}
-
-inline float max_value(const float* a, int64_t n) {  // exact in any order
-  vf acc = splat(-INFINITY);
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, load(a + k));
-  float top = -INFINITY;
-  for (; k < n; ++k) top = max_of(top, a[k]);
-  float lanes[kLanes];
-  std::memcpy(lanes, &acc, sizeof(lanes));
-  for (float v : lanes) top = max_of(top, v);
-  return top;
-}
-
-// Quantize one row to integer values in [-127, 127] (kept as float for fbgemm); returns max |x| (the scale).
-inline float quantize_row(const float* x, float* q, int64_t n) {
-  const float amax = max_of(abs_max(x, n), 1e-12f);
-  const float inv = 127.f / amax;
-  each(n, [&](int64_t k, auto z) { st(q + k, (ld(x + k, z) * inv + kRound) - kRound); });
-  return amax;
-}
-
-// Where a forward's time goes, when asked (``set_profiling``): seconds per stage, summed over calls.
-enum Stage { kNorm, kQuantize, kGemm, kDequantize, kRope, kAttention, kSilu, kHead, kStages };
-const char* const kStageNames[kStages] = {"norm", "quantize", "gemm", "dequantize", "rope+kv", "attention",
-                                          "silu*up", "lm head"};
-
-struct Clock {
-  bool on = false;
-  double seconds[kStages] = {0};
-  std::chrono::steady_clock::time_point last;
-  void start() {
-    if (on) last = std::chrono::steady_clock::now();
-  }
-  void lap(Stage stage) {  // the time since the last lap (or start) goes to `stage`
-    if (!on) return;
-    const auto now = std::chrono::steady_clock::now();
-    seconds[stage] += std::chrono::duration<double>(now - last).count();
-    last = now;
-  }
-};
-
-// One int8 projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row).
-struct Projection {
-  at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm's one-row path)
-  at::Tensor scale;     // [N] float32 step / 127
-  c10::intrusive_ptr<LinearPackedParamsBase> packed;  // fbgemm's prepacked weight; null: int_mm only
-  std::optional<at::Tensor> bias;  // [N] float32
-  bool precise = false;  // activations as int8 + an int8 residual row (for outlier-heavy inputs)
-  bool packed_one_row = false;  // fbgemm for a single row too (chosen by timing at load)
-
-  int64_t out_features() const { return scale.size(0); }
-
-  // q [R, K] integer-valued float rows -> [R, N] float32 sums times the weight's step/127 (no row scale yet).
-  at::Tensor raw(const at::Tensor& q) const {
-    if (packed && (q.size(0) > 1 || packed_one_row)) {
-      return packed->apply_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128);
-    }
-    at::Tensor acc = at::_int_mm(q.to(at::kChar), weight_t);  // [R, N] int32
-    return acc.to(at::kFloat).mul_(scale);
-  }
-
-  // x [T, K] -> out [T, N] (+= when accumulate, else =): quantizes every row (twice when precise), multiplies.
-  void apply(const at::Tensor& x, at::Tensor& out, bool accumulate, Clock& clock) const {
-    const int64_t t = x.size(0), k = x.size(1), n = out_features();
-    const int64_t rows = precise ? 2 * t : t;
-    at::Tensor q = at::empty({rows, k}, x.options());
-    std::vector<float> amax(rows);
-    const float* xp = x.data_ptr<float>();
-    float* qp = q.data_ptr<float>();
-    std::vector<float> residual(precise ? k : 0);
-    for (int64_t r = 0; r < t; ++r) {
-      const float* row = xp + r * k;
-      amax[r] = quantize_row(row, qp + r * k, k);
-      if (precise) {
-        const float step = amax[r] / 127.f;
-        for (int64_t c = 0; c < k; ++c) residual[c] = row[c] - qp[r * k + c] * step;
-        amax[t + r] = quantize_row(residual.data(), qp + (t + r) * k, k);
-      }
-    }
-    clock.lap(kQuantize);
-    at::Tensor y = raw(q);  // [rows, N]
-    clock.lap(kGemm);
-    const float* yp = y.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-    for (int64_t r = 0; r < t; ++r) {
-      float* o = op + r * n;
-      const float* y0 = yp + r * n;
-      const float a0 = amax[r];
-      if (precise) {
-        const float* y1 = yp + (t + r) * n;
-        const float a1 = amax[t + r];
-        for (int64_t c = 0; c < n; ++c) {
-          float v = y0[c] * a0 + y1[c] * a1;
-          if (bp) v += bp[c];
-          o[c] = accumulate ? o[c] + v : v;
-        }
-      } else {
-        for (int64_t c = 0; c < n; ++c) {
-          float v = y0[c] * a0;
-          if (bp) v += bp[c];
-          o[c] = accumulate ? o[c] + v : v;
-        }
-      }
-    }
-    clock.lap(kDequantize);
-  }
-};
-
-struct Layer {
-  at::Tensor attn_norm, mlp_norm;  // [D]
-  Projection qkv, o, gate_up, down;
-};
-
-c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {
-  if (packed.is_none()) return {};
-  c10::IValue value = torch::jit::toIValue(packed, c10::getCustomClassType<c10::intrusive_ptr<LinearPackedParamsBase>>());
-  return value.toCustomClass<LinearPackedParamsBase>();
-}
-
-Projection make_projection(at::Tensor weight, at::Tensor step, const py::object& packed,
-                           std::optional<at::Tensor> bias, bool precise) {
-  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "weight must be [N, K] int8");
-  Projection p;
-  p.weight_t = weight.t();
-  p.scale = (step / 127.0).contiguous();
-  p.packed = unwrap_packed(packed);
-  if (bias) p.bias = bias->contiguous();
-  p.precise = precise;
-  return p;
-}
 
 class Int8Forward {
  public:
@@ -564,9 +311,10 @@ class Int8Forward {
   Clock clock_;
 };
 
-}  // namespace
+}  // namespace paradecode
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using paradecode::Int8Forward;
   py::class_<Int8Forward>(m, "Int8Forward")
       .def(py::init<int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor>())

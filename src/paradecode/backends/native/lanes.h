@@ -1,0 +1,151 @@
+// Vector arithmetic for the native forward: 16-lane values and the row primitives built on them.
+//
+// Every helper computes the same bits whether a loop runs in its 16-lane body or its scalar tail, so a row's
+// result never depends on where the row starts in memory or how many rows share a pass.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace paradecode {
+
+// 16 floats in one value: GCC/Clang vector extensions, lowered to whatever the target has (AVX-512, AVX2, SSE).
+// Lane-wise + - * / are the same IEEE operations as on scalars, and -ffp-contract=off keeps the compiler from
+// fusing them, so a vector body and its scalar tail compute identical bits.
+typedef float vf __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t vi __attribute__((vector_size(64), aligned(4), may_alias));
+constexpr int kLanes = 16;
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
+inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
+inline vf splat(float x) { return vf{} + x; }
+inline vf ld(const float* p, vf) { return load(p); }  // ld/st pick the width from their second argument's type
+inline float ld(const float* p, float) { return *p; }
+inline void st(float* p, vf v) { store(p, v); }
+inline void st(float* p, float v) { *p = v; }
+
+inline float fold(vf v) {  // the 16 lanes summed pairwise, in a fixed order
+  float a[kLanes];
+  std::memcpy(a, &v, sizeof(a));
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) a[l] += a[l + width];
+  }
+  return a[0];
+}
+
+// The same formulas on a float or on 16 lanes.
+inline float max_of(float a, float b) { return a < b ? b : a; }
+inline vf max_of(vf a, vf b) { return a < b ? b : a; }
+inline float min_of(float a, float b) { return b < a ? b : a; }
+inline vf min_of(vf a, vf b) { return b < a ? b : a; }
+inline float abs_of(float a) { return std::fabs(a); }
+inline vf abs_of(vf a) { return (vf)((vi)a & 0x7fffffff); }
+inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline vf pow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
+
+// a * b + c with one rounding where the CPU has fused multiply-add, on a float and on every lane alike (IEEE
+// fma is exact then rounded, whatever the vector width); two roundings everywhere without it.
+inline float mul_add(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline vf mul_add(vf a, vf b, vf c) {
+#ifdef __FMA__
+  vf r;
+  for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+#else
+  return a * b + c;
+#endif
+}
+
+constexpr float kRound = 12582912.f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v (|v| < 2^22) half to even
+
+// e^x from plain arithmetic (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, times 2^n; relative
+// error ~1e-7), so that it vectorizes and rounds alike in the vector body and the scalar tail.
+template <typename T>
+inline T exp_approx(T x) {
+  x = min_of(max_of(x, T{} + -87.0f), T{} + 88.0f);
+  const T n = (x * 1.44269504088896341f + kRound) - kRound;
+  T r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  T p = T{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * pow2(n);
+}
+
+// Apply f(offset, lanes) over [0, n): 16 at a time with f(k, vf), then the tail one at a time with f(k, float).
+template <typename F>
+inline void each(int64_t n, F&& f) {
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) f(k, vf{});
+  for (; k < n; ++k) f(k, 0.f);
+}
+
+// dot(a, b): 16 partial sums by index, then the fixed fold.
+inline float dot(const float* a, const float* b, int64_t n) {
+  vf acc{};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc += load(a + k) * load(b + k);
+  float tail[kLanes] = {0};
+  for (int l = 0; k < n; ++k, ++l) tail[l] = a[k] * b[k];
+  return fold(acc + load(tail));
+}
+
+inline float lane_sum(const float* a, int64_t n) {
+  vf acc{};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc += load(a + k);
+  float tail[kLanes] = {0};
+  for (int l = 0; k < n; ++k, ++l) tail[l] = a[k];
+  return fold(acc + load(tail));
+}
+
+inline float abs_max(const float* a, int64_t n) {  // exact in any order
+  vf acc{};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, abs_of(load(a + k)));
+  float top = 0.f;
+  for (; k < n; ++k) top = max_of(top, abs_of(a[k]));
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (float v : lanes) top = max_of(top, v);
+  return top;
+}
+
+inline float max_value(const float* a, int64_t n) {  // exact in any order
+  vf acc = splat(-INFINITY);
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, load(a + k));
+  float top = -INFINITY;
+  for (; k < n; ++k) top = max_of(top, a[k]);
+  float lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
+  for (float v : lanes) top = max_of(top, v);
+  return top;
+}
+
+// Quantize one row to integer values in [-127, 127] (kept as float for fbgemm); returns max |x| (the scale).
+inline float quantize_row(const float* x, float* q, int64_t n) {
+  const float amax = max_of(abs_max(x, n), 1e-12f);
+  const float inv = 127.f / amax;
+  each(n, [&](int64_t k, auto z) { st(q + k, (ld(x + k, z) * inv + kRound) - kRound); });
+  return amax;
+}
+
+}  // namespace paradecode

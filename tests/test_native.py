@@ -22,9 +22,11 @@ VOCAB = 64
 CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
 TREE_PARENTS = [-1, 0, 0, 1, 2, -1, 5]
 # head_dim 8 runs only the scalar tails; head_dim 72 runs the 64-wide vector body, a 16-wide chunk and a tail,
-# and an intermediate size of 100 leaves a tail after the 16-lane loops.
+# and an intermediate size of 100 leaves a tail after the 16-lane loops; six query heads on one kv head are
+# scored in bands of four and two.
 SHAPES = {"narrow": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
-          "wide": dict(hidden_size=144, num_attention_heads=2, num_key_value_heads=1, intermediate_size=100)}
+          "wide": dict(hidden_size=144, num_attention_heads=2, num_key_value_heads=1, intermediate_size=100),
+          "grouped": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=1, intermediate_size=64)}
 
 
 def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:

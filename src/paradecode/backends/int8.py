@@ -289,9 +289,10 @@ def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.clone()
 
 
-def choose_one_row_kernel(backend, repeats: int = 7) -> dict[str, float]:
+def choose_one_row_kernel(backend, repeats: int = 9) -> dict[str, float]:
     """Time a one-token forward with the one-row products on ``torch._int_mm`` and on fbgemm and keep the
-    faster: the results are identical, the speed depends on the machine. Returns both median times."""
+    faster: the results are identical, the speed depends on the machine. The two kernels take turns, so a
+    drift in the machine's speed during the measurement falls on both. Returns both median times."""
     import statistics
     import time
 
@@ -301,27 +302,24 @@ def choose_one_row_kernel(backend, repeats: int = 7) -> dict[str, float]:
     context = min(32, backend.max_length - 1)
     ids = torch.arange(context + 1) % backend.vocab_size
 
-    def one_token_seconds() -> float:
-        backend.reset()
-        backend.forward(ids[:context])
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            backend.forward(ids[context:])
-            times.append(time.perf_counter() - start)
-            backend.rollback(context)
-        backend.reset()
-        return statistics.median(times)
-
     def use(packed_one_row: bool) -> None:
         for linear in linears:
             linear.packed_one_row = packed_one_row
         if backend._native is not None:
             backend._native.set_packed_one_row(packed_one_row)
 
-    timings = {}
-    for kernel in ("int_mm", "fbgemm"):
-        use(kernel == "fbgemm")
-        timings[kernel] = one_token_seconds()
+    backend.reset()
+    backend.forward(ids[:context])
+    times: dict[str, list[float]] = {"int_mm": [], "fbgemm": []}
+    for i in range(repeats + 1):
+        for kernel in times:
+            use(kernel == "fbgemm")
+            start = time.perf_counter()
+            backend.forward(ids[context:])
+            if i:  # the first round warms both up
+                times[kernel].append(time.perf_counter() - start)
+            backend.rollback(context)
+    backend.reset()
+    timings = {kernel: statistics.median(seconds) for kernel, seconds in times.items()}
     use(timings["fbgemm"] < timings["int_mm"])
     return timings

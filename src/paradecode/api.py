@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -116,6 +117,8 @@ def _load_int8(model_dir: Path, max_length: int | None, tokenizer, cache_dir):
     if path.is_file():
         return LlamaBackend.from_pretrained(model_dir, max_length=max_length, dtype="int8",
                                             int8_state=load_file(path))
+    print(f"paradecode: quantizing {model_dir.name} to int8 (calibration and weight clipping, once, ~20 s) ...",
+          file=sys.stderr, flush=True)
     backend = LlamaBackend.from_pretrained(model_dir, max_length=max_length, dtype="int8", calibration=calibration)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,8 @@ from paradecode.errors import ParadecodeError
 
 REFERENCE = "one-per-step"  # topk with steps = gen_length: one token per forward, the quality reference
 STEP_FRACTIONS = (1, 2, 3, 4, 6)  # fixed-step sweeps: gen_length / k steps
-SWEEPS = {"threshold": ("threshold", (0.99, 0.9, 0.8, 0.7, 0.5, 0.3)), "factor": ("factor", (0.5, 1.0, 2.0, 4.0))}
+SWEEPS = {"threshold": ("threshold", (0.99, 0.9, 0.8, 0.7, 0.5, 0.3)), "factor": ("factor", (0.5, 1.0, 2.0, 4.0)),
+          "pool": ("threshold", (0.99, 0.9, 0.8, 0.7))}
 CACHE_SETTING = dict(sampler="threshold", options={"threshold": 0.9}, block_length=4)
 
 

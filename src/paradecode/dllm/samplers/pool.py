@@ -62,10 +62,9 @@ def fill_by_counts(probs: torch.Tensor, counts: torch.Tensor, floor: float) -> t
     """A token for each row in descending p_j(c), at most counts[c] of token c, none below ``floor``;
     -1 for rows left without one."""
     counts, tokens = counts.clone(), torch.full((probs.shape[0],), -1, dtype=torch.long)
-    for flat in torch.argsort(probs.flatten(), descending=True, stable=True).tolist():
-        row, token = divmod(flat, probs.shape[1])
-        if probs[row, token] < floor:
-            break
+    rows, cols = torch.nonzero(probs >= floor, as_tuple=True)  # [k] each: the (row, token) pairs allowed
+    order = torch.argsort(probs[rows, cols], descending=True, stable=True)
+    for row, token in zip(rows[order].tolist(), cols[order].tolist()):
         if tokens[row] < 0 and counts[token] > 0:
             tokens[row], counts[token] = token, counts[token] - 1
     return tokens

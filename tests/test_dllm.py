@@ -201,6 +201,23 @@ def test_training_writes_a_checkpoint_and_resumes(tmp_path):
     assert math.isfinite(loaded.config.info["final_loss"])
 
 
+@pytest.mark.parametrize("objective", ["diffusion", "ar"])
+def test_training_recreates_the_same_file_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, objective):
+    from paradecode.dllm.train import TrainConfig, train
+
+    cfg = dict(suite="waiting-line", objective=objective, steps=4, cooldown=2, warmup=2, batch_size=4,
+               checkpoint_every=1)
+    for run in ("a", "b"):
+        train(TrainConfig(**cfg), tmp_path / run, progress=False)
+    train(TrainConfig(**{**cfg, "steps": 2, "cooldown": 0}), tmp_path / "resumed", progress=False)  # stopped early
+    train(TrainConfig(**cfg), tmp_path / "resumed", progress=False)  # resumed with the full schedule
+    files = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("a", "b", "resumed")]
+    assert files[0] == files[1] == files[2]
+    other = train(TrainConfig(**{**cfg, "seed": 1}), tmp_path / "c", progress=False)
+    assert (tmp_path / "c" / "model.safetensors").read_bytes() != files[0]
+    assert other.config.causal == (objective == "ar")
+
+
 def test_trace_shows_every_step(tiny):
     from paradecode.dllm.trace import render_dllm_trace
 

@@ -98,7 +98,7 @@ def test_bench_writes_results_report_and_plot(capsys, dllm_dir, tmp_path):
     summary = results["summary"]["waiting-line"]
     assert set(summary) == {"one-per-step", "threshold threshold=0.5", "oracle",
                             "threshold threshold=0.9 block=4 cache=none", "threshold threshold=0.9 block=4 cache=dual"}
-    assert summary["one-per-step"]["all"]["n"] == 7
+    assert summary["one-per-step"]["all"]["n"] == 7 and summary["one-per-step"]["all"]["cpu_ms"] > 0
     assert (tmp_path / "tradeoff-waiting-line.png").stat().st_size > 1000
     assert "## Model `waiting-line`" in (tmp_path / "report.md").read_text()
 

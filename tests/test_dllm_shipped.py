@@ -32,7 +32,7 @@ def test_ar_twin_solves_heldout_examples():
     examples = heldout("waiting-line", PER_TASK)
     solved = sum(get_task(task).check(prompt, twin.decode(ar_generate(twin, twin.encode(prompt), 12)[0]))
                  for task, prompt, _ in examples)
-    assert solved >= len(examples) // 3  # the twin is under-trained (see README); far above chance
+    assert solved >= len(examples) * 2 // 3  # 77% over the benchmark's 350 (see README); 23 of these 28
 
 
 def test_parallel_commits_break_latin_squares_but_one_per_step_does_not():

@@ -4,7 +4,8 @@ reference, the oracle and the AR twin; the cache modes against the uncached run.
 A *setting* is a sampler with one value of its swept knob (``steps`` for fixed-step samplers, ``threshold``,
 ``factor``). Each run is one example decoded at batch 1 (after one untimed warm-up); a record keeps whether the
 answer was correct (``Task.check``), the answer tokens (end-of-text padding not counted), the forward passes,
-the wall time and the decoded canvas. ``report`` turns the records into report.md and the trade-off plot.
+the wall time, the process CPU time (one thread: the same as wall time on an idle machine, but unaffected by
+other jobs on a shared one) and the decoded canvas. ``report`` turns the records into report.md and the plot.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from paradecode.errors import ParadecodeError
 
 REFERENCE = "one-per-step"  # topk with steps = gen_length: one token per forward, the quality reference
 STEP_FRACTIONS = (1, 2, 3, 4, 6)  # fixed-step sweeps: gen_length / k steps
-SWEEPS = {"threshold": ("threshold", (0.99, 0.9, 0.8, 0.7, 0.5, 0.3)), "factor": ("factor", (0.5, 1.0, 2.0, 4.0))}
+SWEEPS = {"threshold": ("threshold", (0.99, 0.9, 0.8, 0.7, 0.5, 0.3)), "factor": ("factor", (0.5, 1.0, 2.0, 4.0)),
+          "pool": ("threshold", (0.99, 0.9, 0.8, 0.7))}
 CACHE_SETTING = dict(sampler="threshold", options={"threshold": 0.9}, block_length=4)
 
 
@@ -93,28 +95,32 @@ def run_model(model, twin, settings: list[Setting], per_task: int, progress: boo
         for index, (task, prompt, answer) in enumerate(examples):
             target = model.encode(answer)
             target = target + [eot] * (gen_length - len(target))
+            cpu_start = time.process_time()
             result = diffuse(model, model.encode(prompt), sampler, config, target=target)
+            cpu_s = time.process_time() - cpu_start
             records.append(dict(model=name, setting=setting.label, sampler=setting.sampler, task=task, example=index,
                                 correct=get_task(task).check(prompt, result.text),
                                 answer_tokens=result.stats.new_tokens, forwards=result.stats.forward_passes,
-                                wall_s=result.stats.wall_time_s, canvas=result.canvas))
+                                wall_s=result.stats.wall_time_s, cpu_s=cpu_s, canvas=result.canvas))
             bar.update(1)
     if twin is not None:
         from paradecode.dllm.ar import ar_generate
 
         for index, (task, prompt, answer) in enumerate(examples):
+            cpu_start = time.process_time()
             ids, stats = ar_generate(twin, twin.encode(prompt), gen_length)
+            cpu_s = time.process_time() - cpu_start
             records.append(dict(model=name, setting="ar-twin", sampler="ar", task=task, example=index,
                                 correct=get_task(task).check(prompt, twin.decode(ids)),
                                 answer_tokens=stats.new_tokens, forwards=stats.forward_passes,
-                                wall_s=stats.wall_time_s, canvas=ids))
+                                wall_s=stats.wall_time_s, cpu_s=cpu_s, canvas=ids))
             bar.update(1)
     bar.close()
     return records
 
 
 def summarize(records: list[dict]) -> dict:
-    """model -> setting -> task (and "all") -> accuracy, tokens/forward, wall ms, tokens/s, n."""
+    """model -> setting -> task (and "all") -> accuracy, tokens/forward, wall and CPU ms, tokens/s (both), n."""
     groups: dict = {}
     for r in records:
         for task in (r["task"], "all"):
@@ -123,11 +129,13 @@ def summarize(records: list[dict]) -> dict:
     for model, by_setting in groups.items():
         for setting, by_task in by_setting.items():
             for task, rows in by_task.items():
-                tokens, forwards, wall = (sum(r[k] for r in rows) for k in ("answer_tokens", "forwards", "wall_s"))
+                tokens, forwards, wall, cpu = (sum(r.get(k, 0.0) for r in rows)
+                                               for k in ("answer_tokens", "forwards", "wall_s", "cpu_s"))
                 summary.setdefault(model, {}).setdefault(setting, {})[task] = dict(
                     n=len(rows), accuracy=100.0 * sum(r["correct"] for r in rows) / len(rows),
                     tokens_per_forward=tokens / forwards if forwards else 0.0,
-                    wall_ms=1000.0 * wall / len(rows), tokens_per_s=tokens / wall if wall else 0.0)
+                    wall_ms=1000.0 * wall / len(rows), tokens_per_s=tokens / wall if wall else 0.0,
+                    cpu_ms=1000.0 * cpu / len(rows), tokens_per_cpu_s=tokens / cpu if cpu else 0.0)
     return summary
 
 

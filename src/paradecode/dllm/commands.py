@@ -17,7 +17,7 @@ from pathlib import Path
 from paradecode.errors import ParadecodeError
 
 DEFAULT_MODEL = "waiting-line"
-BENCH_SAMPLERS = "topk,random,threshold,factor,entropy,margin"
+BENCH_SAMPLERS = "topk,random,threshold,factor,entropy,margin,pool"
 
 
 def add_commands(commands) -> None:
@@ -31,7 +31,7 @@ def add_commands(commands) -> None:
     gen.add_argument("prompt", help="e.g. 'reverse : 7 3 9 1 4'")
     gen.add_argument("--model", "-m", default=DEFAULT_MODEL,
                      help=f"shipped model, checkpoint folder or HF diffusion folder (default: {DEFAULT_MODEL})")
-    gen.add_argument("--sampler", default="topk", help="topk, random, threshold, factor, entropy, margin")
+    gen.add_argument("--sampler", default="topk", help="topk, random, threshold, factor, entropy, margin, pool")
     gen.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="sampler option (repeatable)")
     gen.add_argument("--steps", type=int, help="fixed-step samplers: forward passes (default: one per token)")
     gen.add_argument("--gen-length", type=int, help="canvas length (default: the model's)")

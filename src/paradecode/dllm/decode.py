@@ -137,6 +137,7 @@ def diffuse(model: DiffusionLM, prompt_ids: list[int], sampler: Sampler, cfg: De
     answer = torch.tensor(target) if target is not None else None  # [gen_length]
     generator = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(2**62, ())))
     runner, records = _Runner(model, cfg), []
+    sampler.reset()
     for b in range(blocks):
         lo, hi = prompt_len + b * block, prompt_len + (b + 1) * block
         counts = planned_counts(int((x[lo:hi] == mask_id).sum()), steps_per_block) if steps_per_block else []
@@ -151,12 +152,13 @@ def diffuse(model: DiffusionLM, prompt_ids: list[int], sampler: Sampler, cfg: De
             confidence = probs.gather(-1, x0[:, None])[:, 0]  # [n]
             view = StepView(x0=x0, confidence=confidence, probs=probs, generator=generator,
                             count=counts[step] if step < len(counts) else 1,
-                            target=answer[lo - prompt_len + masked] if answer is not None else None)
-            chosen = sampler.select(view)  # [k] indices into `masked`
+                            target=answer[lo - prompt_len + masked] if answer is not None else None,
+                            positions=lo - prompt_len + masked)
+            chosen, tokens = sampler.choose(view)  # [k] indices into `masked`, [k] tokens to write there
             positions = lo + masked[chosen]
-            x[positions] = x0[chosen]
-            record = CommitStep(positions=(positions - prompt_len).tolist(), tokens=x0[chosen].tolist(),
-                                confidences=[round(c, 4) for c in confidence[chosen].tolist()])
+            x[positions] = tokens
+            record = CommitStep(positions=(positions - prompt_len).tolist(), tokens=tokens.tolist(),
+                                confidences=[round(c, 4) for c in probs[chosen, tokens].tolist()])
             if cfg.eot_stop:
                 record.filled = _fill_after_eot(x, prompt_len, mask_id, eot_id)
             record.committed = len(record.positions) + len(record.filled)

@@ -1,7 +1,7 @@
 """``report.md`` and the trade-off plots of a ``dllm bench`` run (nothing here measures anything).
 
 Per model: the overall table (every setting: exact match, loss against the one-token-per-step reference,
-tokens per forward over answer tokens, wall time, tokens/s), a per-task table of accuracy / tokens per forward,
+tokens per forward over answer tokens, wall and CPU time, tokens/s), a per-task table of accuracy / tokens per forward,
 the best setting within 1 point of the reference per task beside the oracle, and the cache agreement.
 The plot puts exact match against tokens per forward, one curve per sampler, the oracle and the AR twin marked.
 """
@@ -16,6 +16,10 @@ ALL = "all"
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + \
            ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _ratio(a: dict, b: dict, key: str) -> str:
+    return f"{a[key] / b[key]:.2f}" if b.get(key) and key in a else "–"
 
 
 def best_within(by_setting: dict, task: str, reference: str, points: float = 1.0) -> tuple[str, dict] | None:
@@ -33,7 +37,8 @@ def render_report(results: dict) -> str:
              "- exact match: `Task.check` (shuffle: any permutation of the input; latin: any Latin square keeping "
              "the given cells); tokens/forward: answer tokens (end-of-text padding not counted) / forward passes",
              f"- reference: `{results['reference']}` = topk with steps = canvas length (one token per forward); "
-             "oracle: commits a position as soon as the model's token equals the known answer",
+             "oracle: commits a position as soon as the model's token equals the known answer (one answer: where "
+             "many are right, as on shuffle, a sampler can beat it)",
              f"- command: `{' '.join(results.get('command', []))}`", ""]
     for model, by_setting in results["summary"].items():
         info = results["models"][model]
@@ -44,9 +49,10 @@ def render_report(results: dict) -> str:
         for setting, by_task in by_setting.items():
             f = by_task[ALL]
             rows.append([f"`{setting}`", f"{f['accuracy']:.1f}", f"{f['accuracy'] - ref[ALL]['accuracy']:+.1f}",
-                         f"{f['tokens_per_forward']:.2f}", f"{f['wall_ms']:.1f}", f"{f['tokens_per_s']:.0f}"])
-        lines += _table(["setting", "exact match %", "Δ vs reference", "tokens/forward", "ms/example", "tokens/s"],
-                        rows) + [""]
+                         f"{f['tokens_per_forward']:.2f}", f"{f['wall_ms']:.1f}", f"{f['tokens_per_s']:.0f}",
+                         f"{f.get('cpu_ms', 0.0):.1f}", f"{f.get('tokens_per_cpu_s', 0.0):.0f}"])
+        lines += _table(["setting", "exact match %", "Δ vs reference", "tokens/forward", "ms/example", "tokens/s",
+                         "CPU ms/example", "tokens/CPU-s"], rows) + [""]
         tasks = [t for t in ref if t != ALL]
         if len(tasks) > 1:
             lines += ["### Per task (exact match % / tokens per forward)", ""]
@@ -78,10 +84,12 @@ def render_report(results: dict) -> str:
             twin = by_setting["ar-twin"][ALL]
             best = best_within(by_setting, ALL, results["reference"])
             if best:
-                lines += [f"Wall clock: the AR twin (greedy, KV cache) runs {twin['tokens_per_s']:.0f} tokens/s at "
-                          f"{twin['accuracy']:.1f}% exact match; `{best[0]}` runs {best[1]['tokens_per_s']:.0f} "
-                          f"tokens/s at {best[1]['accuracy']:.1f}% ({best[1]['tokens_per_s'] / twin['tokens_per_s']:.2f}"
-                          "× the twin's tokens/s).", ""]
+                lines += [f"Wall clock: the AR twin (greedy, KV cache) runs {twin['tokens_per_s']:.0f} tokens/s "
+                          f"({twin.get('tokens_per_cpu_s', 0.0):.0f} per CPU second) at {twin['accuracy']:.1f}% exact "
+                          f"match; `{best[0]}` runs {best[1]['tokens_per_s']:.0f} tokens/s "
+                          f"({best[1].get('tokens_per_cpu_s', 0.0):.0f} per CPU second) at {best[1]['accuracy']:.1f}% "
+                          f"({best[1]['tokens_per_s'] / twin['tokens_per_s']:.2f}× the twin's tokens/s, "
+                          f"{_ratio(best[1], twin, 'tokens_per_cpu_s')}× per CPU second).", ""]
         for plot in results.get("plots", {}).get(model, []):
             lines += [f"![trade-off]({plot})", ""]
     return "\n".join(lines)

@@ -31,7 +31,7 @@ OBJECTIVES = ("diffusion", "ar")
 SUITE_GEN_LENGTH = {"waiting-line": 12, "latin": 16}  # longest answer (+ one end-of-text for the lists)
 HELDOUT_PER_TASK = 100
 SHIPPED = {("waiting-line", "diffusion"): (5000, 1000), ("latin", "diffusion"): (500, 0),
-           ("waiting-line", "ar"): (1500, 500)}  # (steps, cooldown) of the shipped checkpoints
+           ("waiting-line", "ar"): (3500, 1000)}  # (steps, cooldown) of the shipped checkpoints
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The sampler interface and registry: which masked positions of the current block to commit this step.
 
 A sampler sees a ``StepView`` of the block's still-masked positions (the model's token for each, its
-probability, the full distribution) and returns the indices (into those candidates) to commit, at least one.
+probability, the full distribution) and returns the indices (into those candidates) to commit, at least one;
+``choose`` adds the tokens to write there (the model's own, unless a sampler picks others from the
+distribution, as ``pool`` does).
 Fixed-step samplers (LLaDA, Dream) commit a number planned once per block by ``planned_counts``; adaptive
 ones (Fast-dLLM's threshold and factor rules) decide the number from the confidences each step.
 """
@@ -27,6 +29,7 @@ class StepView:
     count: int  # fixed-step samplers: tokens to commit this step (from planned_counts)
     generator: torch.Generator
     target: torch.Tensor | None = None  # [n] the known answer (oracle only)
+    positions: torch.Tensor | None = None  # [n] each candidate's canvas offset (samplers that remember steps)
 
 
 class Sampler:
@@ -44,6 +47,14 @@ class Sampler:
 
     def select(self, view: StepView) -> torch.Tensor:  # -> [k] candidate indices, k >= 1
         raise NotImplementedError
+
+    def choose(self, view: StepView) -> tuple[torch.Tensor, torch.Tensor]:  # -> [k] indices, [k] tokens
+        """The candidates to commit and their tokens: the model's token ``x0`` unless a sampler says otherwise."""
+        chosen = self.select(view)
+        return chosen, view.x0[chosen]
+
+    def reset(self) -> None:
+        """Called before each decode: samplers that remember earlier steps forget them here."""
 
 
 def top_by(scores: torch.Tensor, count: int) -> torch.Tensor:

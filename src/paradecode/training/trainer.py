@@ -6,6 +6,7 @@ every epoch as fp16 safetensors + config.json (``heads.store``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -33,6 +34,7 @@ class TrainConfig:
     depth: int = 3  # eagle: unrolled draft depths trained per step
     eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
     medusa_heads: int = 4
+    feature_loss: float = 1.0  # eagle: weight of the smooth-L1 loss on the predicted feature (0: tokens only)
     holdout: int = 32  # sequences kept out of training for the acceptance estimate
     checkpoint_every: int = 40  # steps
     seed: int = 0
@@ -69,7 +71,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             log(f"resuming at epoch {state['epoch'] + 1}, step {state['step']}")
         else:
             log("checkpoint from a different configuration or data set: starting over")
-    loss_fn = LOSSES[config.kind]
+    loss_fn = functools.partial(eagle_loss, regression=config.feature_loss) if config.kind == "eagle" else medusa_loss
     depth = config.depth if config.kind == "eagle" else 0
 
     def save_checkpoint() -> None:

@@ -83,14 +83,13 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     saved_config = {}
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
-        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed + 1 + epoch)).tolist()
+        batches = epoch_batches(train, config.batch_size, config.seed + 1 + epoch)
         bar = tqdm(total=steps_per_epoch, initial=state["step"], desc=f"epoch {epoch + 1}/{config.epochs}",
                    disable=not progress, dynamic_ncols=True)
         head.train()
         started = time.perf_counter()
         while state["step"] < steps_per_epoch:
-            first = state["step"] * config.batch_size
-            batch = make_batch([train[i] for i in perm[first : first + config.batch_size]])
+            batch = make_batch([train[i] for i in batches[state["step"]]])
             loss, _ = loss_fn(head, target.embed, lm_rows, vocab, batch, depth)
             optimizer.zero_grad()
             loss.backward()
@@ -123,6 +122,19 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
         log(f"draft vocabulary size vs held-out acceptance: {saved_config['training']['vocab_sweep']}")
         save_head(out, head, saved_config, vocab.ids)
     return head, saved_config
+
+
+def epoch_batches(rows: list[dict], batch_size: int, seed: int, span: int = 8) -> list[list[int]]:
+    """One epoch's batches (row indices), the same for the same seed: rows shuffled, each run of ``span``
+    batches' worth sorted by length so a batch pads little (random batches of these answers were a third
+    padding), then the batches shuffled."""
+    generator = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(rows), generator=generator).tolist()
+    batches = []
+    for first in range(0, len(perm), batch_size * span):
+        chunk = sorted(perm[first : first + batch_size * span], key=lambda i: len(rows[i]["tokens"]))
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
 def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict], config: TrainConfig) -> list[dict]:

@@ -60,6 +60,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
     state = dict(epoch=0, step=0, history=[], seconds=0.0)
+    out.mkdir(parents=True, exist_ok=True)  # --data may live elsewhere, so nothing has made it yet
     checkpoint = out / "checkpoint.pt"
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)

@@ -65,7 +65,7 @@ def _loss(kind, head, data, vocab):
 def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_path, kind):
     tmp_path = tmp_path / "not-made-yet"  # train_head makes its output folder
     config = TrainConfig(kind=kind, epochs=5, batch_size=4, lr=1e-2, draft_vocab=40, depth=2, eval_depth=3,
-                         medusa_heads=3, holdout=4)
+                         medusa_heads=3, holdout=4, checkpoint_every=2)  # a checkpoint before the first save
     torch.manual_seed(config.seed)
     untrained = build_head(kind, HeadShape.from_target_config(data.target.config), 3)
     trained, saved = train_head(data.rows, data.target, "tiny", tmp_path, config, log=lambda m: None,

@@ -178,16 +178,18 @@ def test_unrolled_training_passes_compute_what_drafting_computes(setup):
     backend = setup.backend
     backend.reset()
     hidden = backend.forward(tokens, return_hidden=True).hidden  # [T, D]
-    batch = Batch(tokens[None], hidden[None], torch.tensor([14]), torch.tensor([3]))
+    batch = Batch(tokens[None].repeat(2, 1), hidden[None].repeat(2, 1, 1), torch.tensor([14, 14]),
+                  torch.tensor([3, 7]))  # passes >= 2 start at the shortest prompt's last token (root 2)
     with torch.no_grad():
         passes = eagle_passes(module, weights.embed, batch, depth=3)
-        for root in (1, 4, 9):
+        for root in (2, 4, 9):
             cache = EagleCache(module.shape, 64)
             out, _ = module(weights.embed[tokens[1 : root + 1]][None], hidden[None, :root],
                             torch.arange(root)[None], causal_mask(0, root)[None], cache=cache)  # true pairs 0..root-1
             feature = out[0, -1]
             for k in range(1, 4):
-                torch.testing.assert_close(passes[k - 1][0, root + k - 2], feature, atol=1e-5, rtol=1e-5)
+                for row in (0, 1):
+                    torch.testing.assert_close(passes[k - 1][row, root + k - 2], feature, atol=1e-5, rtol=1e-5)
                 out, _ = module(weights.embed[tokens[root + k : root + k + 1]][None], feature[None, None],
                                 torch.tensor([[root + k - 1]]), None, cache=cache)
                 feature = out[0, -1]

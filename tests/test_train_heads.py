@@ -63,8 +63,9 @@ def _loss(kind, head, data, vocab):
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_path, kind):
+    tmp_path = tmp_path / "not-made-yet"  # train_head makes its output folder
     config = TrainConfig(kind=kind, epochs=5, batch_size=4, lr=1e-2, draft_vocab=40, depth=2, eval_depth=3,
-                         medusa_heads=3, holdout=4)
+                         medusa_heads=3, holdout=4, checkpoint_every=2)  # a checkpoint before the first save
     torch.manual_seed(config.seed)
     untrained = build_head(kind, HeadShape.from_target_config(data.target.config), 3)
     trained, saved = train_head(data.rows, data.target, "tiny", tmp_path, config, log=lambda m: None,
@@ -178,3 +179,19 @@ def test_eagle_export_has_the_engines_layout_and_computes_the_same(data, tmp_pat
         theirs = theirs[0] if isinstance(theirs, tuple) else theirs
         ours, _ = head.module(embeds, features, positions, torch.ones(7, 7, dtype=torch.bool).tril()[None])
     torch.testing.assert_close(theirs, ours, atol=2e-2, rtol=2e-2)  # fp16 export of fp16-stored weights
+
+
+def test_epoch_batches_cover_every_row_once_and_pad_less_than_random_batches():
+    from paradecode.training.trainer import epoch_batches
+
+    generator = torch.Generator().manual_seed(3)
+    rows = [dict(tokens=torch.zeros(int(n))) for n in torch.randint(5, 300, (203,), generator=generator)]
+    batches = epoch_batches(rows, 8, seed=1)
+    assert sorted(i for b in batches for i in b) == list(range(203)) and len(batches) == 26
+    assert batches == epoch_batches(rows, 8, seed=1) and batches != epoch_batches(rows, 8, seed=2)
+
+    def padded(groups):
+        return sum(max(len(rows[i]["tokens"]) for i in g) * len(g) for g in groups)
+
+    shuffled = torch.randperm(203, generator=generator).tolist()
+    assert padded(batches) < 0.8 * padded([shuffled[i : i + 8] for i in range(0, 203, 8)])

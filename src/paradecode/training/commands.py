@@ -31,8 +31,11 @@ def add_commands(commands) -> None:
     train.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"target model (default: {DEFAULT_MODEL})")
     train.add_argument("--cache-dir", help="model cache folder")
     train.add_argument("--prompts", default="builtin",
-                       help="'builtin' (paradecode's own prompt set) or a .jsonl file of {\"prompt\": ...} lines")
-    train.add_argument("--num-prompts", type=int, default=640, help="prompts to answer (default: 640)")
+                       help="'builtin', 'builtin-tasks' (paradecode's own prompt sets) or a .jsonl file of "
+                            "{\"prompt\": ...} lines; several, comma-separated, each answered into DATA/<name>")
+    train.add_argument("--num-prompts", default="640",
+                       help="prompts to answer from each source, or one count per source, comma-separated "
+                            "(default: 640)")
     train.add_argument("--max-new-tokens", type=int, default=128, help="answer length (default: 128)")
     train.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate() batch (default: 32)")
     train.add_argument("--data", help="folder for the generated data (default: OUT/data); shared by several runs")
@@ -70,20 +73,25 @@ def run_train(args: argparse.Namespace) -> int:
     from paradecode.training.selfdistill import DistillConfig, generate_dataset, load_shards
     from paradecode.training.trainer import TrainConfig, train_head
 
-    for name in ("num_prompts", "max_new_tokens", "gen_batch_size", "epochs", "batch_size", "depth",
+    sources = [s.strip() for s in args.prompts.split(",") if s.strip()]
+    counts = _counts(args.num_prompts, len(sources))
+    for name in ("max_new_tokens", "gen_batch_size", "epochs", "batch_size", "depth",
                  "medusa_heads", "threads"):
         if getattr(args, name) < 1:
             raise ParadecodeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.draft_vocab < 0 or args.lr <= 0:
         raise ParadecodeError("--draft-vocab must be >= 0 and --lr > 0.")
-    prompts = read_prompts(args.prompts, args.num_prompts)
+    prompt_sets = [(source, read_prompts(source, count)) for source, count in zip(sources, counts)]
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     data = Path(args.data) if args.data else out / "data"
     model_dir, _ = resolve(args.model, args.cache_dir)
     started = time.perf_counter()
-    shards = generate_dataset(model_dir, prompts, data, DistillConfig(args.max_new_tokens, args.gen_batch_size),
-                              log=_log)
+    shards = []
+    for source, prompts in prompt_sets:  # one folder per source, so a source can grow without touching the others
+        folder = data if len(prompt_sets) == 1 else data / Path(source).stem
+        shards += generate_dataset(model_dir, prompts, folder, DistillConfig(args.max_new_tokens, args.gen_batch_size),
+                                   log=_log)
     data_seconds = time.perf_counter() - started
     rows = load_shards(shards)
     answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
@@ -111,6 +119,19 @@ def run_export(args: argparse.Namespace) -> int:
     export_eagle(head, target, Path(args.out), args.engine)
     _log(f"wrote {args.out}/config.json and model.safetensors ({args.engine} EAGLE-1 layout)")
     return 0
+
+
+def _counts(raw: str, sources: int) -> list[int]:
+    """``--num-prompts``: one count for every source, or one per source."""
+    try:
+        counts = [int(c) for c in raw.split(",")]
+    except ValueError:
+        raise ParadecodeError(f"--num-prompts must be a count or comma-separated counts, got {raw!r}.") from None
+    if sources == 0 or len(counts) not in (1, sources):
+        raise ParadecodeError(f"--num-prompts gives {len(counts)} counts for {sources} prompt sources.")
+    if min(counts) < 1:
+        raise ParadecodeError(f"--num-prompts must be >= 1, got {raw}.")
+    return counts * sources if len(counts) == 1 else counts
 
 
 def _log(message: str) -> None:

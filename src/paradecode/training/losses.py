@@ -78,20 +78,27 @@ def _labels(batch: Batch, vocab: DraftVocab, shift: int) -> torch.Tensor:
 
 
 def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
-    """Outputs of passes 1..depth, each [B, T, D] (position i of pass k: the depth-k draft from root i-k+2)."""
+    """Outputs of passes 1..depth, each [B, T, D] (position i of pass k: the depth-k draft from root i-k+2).
+
+    Pass k >= 2 runs only from the first position whose root can count (the batch's shortest prompt): a
+    prompt's earlier positions have no chain; their outputs are left at zero and never read."""
     b, t = batch.tokens.shape
     embeds = F.pad(embed[batch.tokens[:, 1:]], (0, 0, 0, 1))  # [B, T, D] embed(t_{i+1})
     positions = torch.arange(t)[None].expand(b, t)
-    i = torch.arange(t)[:, None]
-    c = torch.arange(t)[None]
-    features, keys, values, outputs = batch.hidden, [], [], []
+    first_root = max(0, int(batch.prompt_lens.min()) - 1)  # no chain starts earlier
+    features, keys, values, outputs, starts = batch.hidden, [], [], [], []
     for k in range(1, depth + 1):
-        blocks = [c <= i - k + 1] + [c == i - k + j for j in range(2, k + 1)]  # pass 1's keys, then passes 2..k
-        mask = torch.cat(blocks, dim=1)[None]  # [1, T, k*T]
+        start = 0 if k == 1 else min(t - 1, first_root + k - 2)  # root i - k + 2 >= first_root
+        starts.append(start)
+        i = torch.arange(start, t)[:, None]
+        blocks = [torch.arange(t)[None] <= i - k + 1]  # pass 1's keys (all positions)
+        blocks += [torch.arange(starts[j - 1], t)[None] == i - k + j for j in range(2, k + 1)]  # passes 2..k
+        mask = torch.cat(blocks, dim=1)[None]  # [1, T - start, keys so far]
         extra = (torch.cat(keys, 2), torch.cat(values, 2)) if keys else None
-        out, (key, value) = head(embeds, features, positions, mask, extra_kv=extra)
+        out, (key, value) = head(embeds[:, start:], features[:, start:], positions[:, start:], mask, extra_kv=extra)
         keys.append(key)
         values.append(value)
+        out = F.pad(out, (0, 0, start, 0))  # [B, T, D]
         outputs.append(out)
         features = F.pad(out[:, :-1], (0, 0, 1, 0))  # pass k+1 at i reads pass k's output at i-1
     return outputs

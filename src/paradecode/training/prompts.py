@@ -6,6 +6,7 @@ compare, summarise a sentence, translate a sentence, arithmetic word problems), 
 Spec-Bench, MT-bench, HumanEval or GSM8K. They are part of paradecode and under its licence (Apache-2.0).
 
     paradecode train-draft --prompts builtin     # these prompts (the default)
+    paradecode train-draft --prompts builtin,builtin-tasks   # and task-shaped prompts (task_prompts.py)
     paradecode train-draft --prompts my.jsonl    # one {"prompt": "..."} object per line
 """
 
@@ -75,9 +76,13 @@ def builtin_prompts(count: int = 1000, seed: int = 0) -> list[str]:
 
 
 def read_prompts(source: str, count: int) -> list[str]:
-    """``builtin`` or a .jsonl file of ``{"prompt": ...}`` (or ``{"turns": [...]}``) objects."""
+    """``builtin``, ``builtin-tasks`` (``task_prompts.py``) or a .jsonl file of ``{"prompt": ...}`` (or ``{"turns": [...]}``) objects."""
     if source == "builtin":
         return builtin_prompts(count)
+    if source == "builtin-tasks":
+        from paradecode.training.task_prompts import task_prompts
+
+        return task_prompts(count)
     path = Path(source)
     if not path.is_file():
         raise ParadecodeError(f"prompt file {source} does not exist; pass a .jsonl file or 'builtin'.")

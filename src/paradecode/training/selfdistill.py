@@ -1,9 +1,9 @@
 """Self-distillation data for draft heads: the target's own answers and its hidden states along them.
 
-Two batched passes per shard of prompts, both with transformers on the target's weights:
-  1. ``generate`` the answers (greedy by default, or sampled), left-padded batches sorted by prompt length;
-  2. one teacher-forced forward over prompt + answer, keeping the last hidden state (after the final norm,
-     what the LM head reads: the same rows ``Backend.forward(return_hidden=True)`` returns) for every token.
+One batched pass per shard of prompts, with transformers on the target's weights: ``generate`` the answers
+(greedy by default, or sampled) in left-padded batches sorted by prompt length, keeping the last hidden state
+generation computed at every position (after the final norm, what the LM head reads: the same rows
+``Backend.forward(return_hidden=True)`` returns), plus one cached step for the last token.
 Each shard is saved as soon as it is done (``shard-NNNNN.pt``: token ids, prompt lengths, fp16 hidden
 states), so an interrupted run resumes at the first missing shard.
 """
@@ -101,29 +101,31 @@ def answer_and_record(model, tokenizer, prompts: list[list[int]], config: Distil
             torch.manual_seed(config.seed + first)
         generated = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
                                    do_sample=sampled, temperature=config.temperature if sampled else None,
-                                   top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(eos))  # [B, P + A]
-        sequences = []
+                                   top_p=None, top_k=None, pad_token_id=pad, eos_token_id=sorted(eos),
+                                   output_hidden_states=True, return_dict_in_generate=True)
+        states = generation_hidden(model, generated, attention)  # [B, P + A, D]
         for row, prompt in enumerate(batch):
-            answer = generated[row, width:].tolist()
+            answer = generated.sequences[row, width:].tolist()
             cut = next((i + 1 for i, t in enumerate(answer) if t in eos), len(answer))
-            sequences.append(prompt + answer[:cut])
-        hidden = teacher_forced_hidden(model, sequences, pad)
-        for row, sequence in enumerate(sequences):
-            rows[order[first + row]] = dict(tokens=torch.tensor(sequence, dtype=torch.int32),
-                                            prompt_len=len(batch[row]), hidden=hidden[row])
+            rows[order[first + row]] = dict(tokens=torch.tensor(prompt + answer[:cut], dtype=torch.int32),
+                                            prompt_len=len(prompt),
+                                            hidden=states[row, width - len(prompt) : width + cut].to(torch.float16).clone())
     return rows
 
 
-def teacher_forced_hidden(model, sequences: list[list[int]], pad: int) -> list[torch.Tensor]:
-    """One right-padded forward over whole sequences -> each one's last hidden states [T, D] (fp16)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad, dtype=torch.long)  # [B, T]
-    attention = torch.zeros(len(sequences), width, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence)] = torch.tensor(sequence)
-        attention[row, : len(sequence)] = 1
-    states = model.model(input_ids=ids, attention_mask=attention).last_hidden_state  # [B, T, D] after the norm
-    return [states[row, : len(s)].to(torch.float16).clone() for row, s in enumerate(sequences)]
+def generation_hidden(model, generated, attention: torch.Tensor) -> torch.Tensor:
+    """The last hidden state (after the final norm) at every position of ``generate``'s sequences [B, P + A, D].
+
+    ``generate`` computed them already: the prefill's for the prompt, then one per fed answer token. Only the
+    last generated token was never fed; one more cached step gives its state, so no second pass over the
+    whole sequence is needed (it cost as much as the generation itself)."""
+    steps = [generated.hidden_states[0][-1]] + [step[-1] for step in generated.hidden_states[1:]]  # [B, *, D]
+    sequences = generated.sequences  # [B, P + A]
+    mask = torch.cat((attention, torch.ones(len(sequences), sequences.shape[1] - attention.shape[1],
+                                            dtype=attention.dtype)), dim=1)  # [B, P + A]
+    last = model.model(input_ids=sequences[:, -1:], attention_mask=mask, cache=generated.cache,
+                       position_ids=mask.sum(1, keepdim=True) - 1).last_hidden_state  # [B, 1, D]
+    return torch.cat(steps + [last], dim=1)
 
 
 def load_shards(paths: list[Path]) -> list[dict]:

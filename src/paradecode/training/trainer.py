@@ -6,6 +6,7 @@ every epoch as fp16 safetensors + config.json (``heads.store``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -33,6 +34,7 @@ class TrainConfig:
     depth: int = 3  # eagle: unrolled draft depths trained per step
     eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
     medusa_heads: int = 4
+    feature_loss: float = 1.0  # eagle: weight of the smooth-L1 loss on the predicted feature (0: tokens only)
     holdout: int = 32  # sequences kept out of training for the acceptance estimate
     checkpoint_every: int = 40  # steps
     seed: int = 0
@@ -58,6 +60,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
     state = dict(epoch=0, step=0, history=[], seconds=0.0)
+    out.mkdir(parents=True, exist_ok=True)  # --data may live elsewhere, so nothing has made it yet
     checkpoint = out / "checkpoint.pt"
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
@@ -69,7 +72,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             log(f"resuming at epoch {state['epoch'] + 1}, step {state['step']}")
         else:
             log("checkpoint from a different configuration or data set: starting over")
-    loss_fn = LOSSES[config.kind]
+    loss_fn = functools.partial(eagle_loss, regression=config.feature_loss) if config.kind == "eagle" else medusa_loss
     depth = config.depth if config.kind == "eagle" else 0
 
     def save_checkpoint() -> None:
@@ -81,14 +84,13 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     saved_config = {}
     while state["epoch"] < config.epochs:
         epoch = state["epoch"]
-        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed + 1 + epoch)).tolist()
+        batches = epoch_batches(train, config.batch_size, config.seed + 1 + epoch)
         bar = tqdm(total=steps_per_epoch, initial=state["step"], desc=f"epoch {epoch + 1}/{config.epochs}",
                    disable=not progress, dynamic_ncols=True)
         head.train()
         started = time.perf_counter()
         while state["step"] < steps_per_epoch:
-            first = state["step"] * config.batch_size
-            batch = make_batch([train[i] for i in perm[first : first + config.batch_size]])
+            batch = make_batch([train[i] for i in batches[state["step"]]])
             loss, _ = loss_fn(head, target.embed, lm_rows, vocab, batch, depth)
             optimizer.zero_grad()
             loss.backward()
@@ -121,6 +123,19 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
         log(f"draft vocabulary size vs held-out acceptance: {saved_config['training']['vocab_sweep']}")
         save_head(out, head, saved_config, vocab.ids)
     return head, saved_config
+
+
+def epoch_batches(rows: list[dict], batch_size: int, seed: int, span: int = 8) -> list[list[int]]:
+    """One epoch's batches (row indices), the same for the same seed: rows shuffled, each run of ``span``
+    batches' worth sorted by length so a batch pads little (random batches of these answers were a third
+    padding), then the batches shuffled."""
+    generator = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(rows), generator=generator).tolist()
+    batches = []
+    for first in range(0, len(perm), batch_size * span):
+        chunk = sorted(perm[first : first + batch_size * span], key=lambda i: len(rows[i]["tokens"]))
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
 def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict], config: TrainConfig) -> list[dict]:

@@ -80,3 +80,20 @@ def test_commit_keeps_a_prefix_and_refuses_anything_else():
 def test_the_adapter_refuses_a_diffusion_model():
     with pytest.raises(ParadecodeError, match="causal"):
         TwinBackend(TinyLM(ModelConfig(causal=False, d_model=32, n_layers=1, n_heads=2, d_ff=64)))
+
+
+def test_bench_puts_the_lossless_twin_rows_beside_greedy_and_checks_them():
+    from paradecode.dllm import bench, report
+
+    torch.manual_seed(0)
+    small = dict(d_model=32, n_layers=1, n_heads=2, d_ff=64)
+    model = TinyLM(ModelConfig(**small)).eval()
+    results = bench.run_bench([model], {"waiting-line": random_twin()}, ["threshold"], {"threshold": [0.5]}, [],
+                              per_task=1, progress=False)
+    summary = results["summary"]["waiting-line"]
+    assert {"ar-twin", "ar-twin pld", "ar-twin ngram"} <= set(summary)
+    same = results["twin_agreement"]["waiting-line"]
+    assert same["ar-twin pld"] == same["ar-twin ngram"] == [7, 7]
+    assert summary["ar-twin pld"]["all"]["tokens_per_forward"] > 0
+    assert "`ar-twin pld` 7 of 7" in report.render_report(results)
+    assert not report.best_within(summary, "all", "one-per-step")[0].startswith("ar-twin")

@@ -7,7 +7,8 @@
 
 Pieces: ``protocol`` (what a diffusion model provides, loading), ``model`` (our small transformer), ``decode``
 (the loop), ``samplers/`` (one per file), ``cache``, ``tasks`` (synthetic suites), ``train``, ``bench``,
-``report``, ``hf`` (Hugging Face diffusion models), ``ar`` (the AR twin), ``trace``, ``commands`` (the CLI).
+``report``, ``hf`` (Hugging Face diffusion models), ``ar`` (the AR twin), ``ar_backend`` (the twin as a chain-only
+backend, for paradecode's lossless methods), ``trace``, ``commands`` (the CLI).
 """
 
 from __future__ import annotations

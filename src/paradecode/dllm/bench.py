@@ -23,6 +23,7 @@ REFERENCE = "one-per-step"  # topk with steps = gen_length: one token per forwar
 STEP_FRACTIONS = (1, 2, 3, 4, 6)  # fixed-step sweeps: gen_length / k steps
 SWEEPS = {"threshold": ("threshold", (0.99, 0.9, 0.8, 0.7, 0.5, 0.3)), "factor": ("factor", (0.5, 1.0, 2.0, 4.0)),
           "pool": ("threshold", (0.99, 0.9, 0.8, 0.7))}
+TWIN_METHODS = (None, "pld", "ngram")  # the twin's greedy decoding, then paradecode's lossless methods on it
 CACHE_SETTING = dict(sampler="threshold", options={"threshold": 0.9}, block_length=4)
 
 
@@ -87,7 +88,7 @@ def run_model(model, twin, settings: list[Setting], per_task: int, progress: boo
     records = []
     warm = examples[0]
     diffuse(model, model.encode(warm[1]), build_sampler("threshold"), DecodeConfig(seed=0))  # untimed warm-up
-    total = len(settings) * len(examples) + (len(examples) if twin is not None else 0)
+    total = (len(settings) + (len(TWIN_METHODS) if twin is not None else 0)) * len(examples)
     bar = tqdm(total=total, desc=f"dllm bench {name}", disable=not progress, file=sys.stderr, mininterval=2.0)
     for setting in settings:
         sampler = build_sampler(setting.sampler, setting.options)
@@ -104,19 +105,46 @@ def run_model(model, twin, settings: list[Setting], per_task: int, progress: boo
                                 wall_s=result.stats.wall_time_s, cpu_s=cpu_s, canvas=result.canvas))
             bar.update(1)
     if twin is not None:
-        from paradecode.dllm.ar import ar_generate
-
-        for index, (task, prompt, answer) in enumerate(examples):
-            cpu_start = time.process_time()
-            ids, stats = ar_generate(twin, twin.encode(prompt), gen_length)
-            cpu_s = time.process_time() - cpu_start
-            records.append(dict(model=name, setting="ar-twin", sampler="ar", task=task, example=index,
-                                correct=get_task(task).check(prompt, twin.decode(ids)),
-                                answer_tokens=stats.new_tokens, forwards=stats.forward_passes,
-                                wall_s=stats.wall_time_s, cpu_s=cpu_s, canvas=ids))
-            bar.update(1)
+        records += _twin_records(twin, name, examples, gen_length, bar)
     bar.close()
     return records
+
+
+def _twin_records(twin, name: str, examples: list, gen_length: int, bar) -> list[dict]:
+    """The AR twin's records: greedy (``ar-twin``), then ``ar-twin METHOD`` through the engine, each answer
+    compared with the greedy one (``same_as_greedy``: lossless methods must reproduce it exactly)."""
+    from paradecode.dllm.ar import ar_generate
+    from paradecode.dllm.ar_backend import TwinBackend, ar_engine_generate
+
+    backend, records, greedy = TwinBackend(twin), [], {}
+    for method in TWIN_METHODS:
+        for index, (task, prompt, answer) in enumerate(examples):
+            prompt_ids = twin.encode(prompt)
+            cpu_start = time.process_time()
+            if method is None:
+                ids, stats = ar_generate(twin, prompt_ids, gen_length)
+                greedy[index] = ids
+            else:
+                ids, stats = ar_engine_generate(twin, prompt_ids, gen_length, method, backend=backend)
+            cpu_s = time.process_time() - cpu_start
+            records.append(dict(model=name, setting="ar-twin" + (f" {method}" if method else ""), sampler="ar",
+                                task=task, example=index, correct=get_task(task).check(prompt, twin.decode(ids)),
+                                answer_tokens=stats.new_tokens, forwards=stats.forward_passes,
+                                wall_s=stats.wall_time_s, cpu_s=cpu_s, canvas=ids,
+                                same_as_greedy=ids == greedy[index]))
+            bar.update(1)
+    return records
+
+
+def twin_agreement(records: list[dict]) -> dict:
+    """model -> twin setting -> [answers identical to the twin's greedy answers, examples]."""
+    out: dict = {}
+    for r in records:
+        if "same_as_greedy" in r:
+            counts = out.setdefault(r["model"], {}).setdefault(r["setting"], [0, 0])
+            counts[0] += bool(r["same_as_greedy"])
+            counts[1] += 1
+    return out
 
 
 def summarize(records: list[dict]) -> dict:
@@ -165,4 +193,5 @@ def run_bench(models: list, twins: dict, samplers: list[str], overrides: dict, c
         times[model.config.suite] = time.perf_counter() - start
     return dict(settings=plans, per_task=per_task, bench_time_s=times, reference=REFERENCE,
                 models={m.config.suite: dict(parameters=m.num_parameters(), info=m.config.info) for m in models},
-                summary=summarize(records), cache_agreement=cache_agreement(records), records=records)
+                summary=summarize(records), cache_agreement=cache_agreement(records),
+                twin_agreement=twin_agreement(records), records=records)

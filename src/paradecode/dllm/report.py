@@ -27,7 +27,7 @@ def best_within(by_setting: dict, task: str, reference: str, points: float = 1.0
     ``points`` below the reference's (the oracle and the AR twin are not candidates)."""
     ref = by_setting[reference][task]["accuracy"]
     fits = [(s, f[task]) for s, f in by_setting.items()
-            if s not in ("oracle", "ar-twin") and task in f and f[task]["accuracy"] >= ref - points]
+            if s != "oracle" and not s.startswith("ar-twin") and task in f and f[task]["accuracy"] >= ref - points]
     return max(fits, key=lambda sf: sf[1]["tokens_per_forward"]) if fits else None
 
 
@@ -90,6 +90,11 @@ def render_report(results: dict) -> str:
                           f"({best[1].get('tokens_per_cpu_s', 0.0):.0f} per CPU second) at {best[1]['accuracy']:.1f}% "
                           f"({best[1]['tokens_per_s'] / twin['tokens_per_s']:.2f}× the twin's tokens/s, "
                           f"{_ratio(best[1], twin, 'tokens_per_cpu_s')}× per CPU second).", ""]
+        same = results.get("twin_agreement", {}).get(model, {})
+        if len(same) > 1:
+            lines += ["Lossless AR methods on the twin (drafts verified by the twin, greedy): answers identical to "
+                      "the twin's greedy answers: " + "; ".join(f"`{s}` {a} of {n}" for s, (a, n) in same.items()
+                                                             if s != "ar-twin") + ".", ""]
         for plot in results.get("plots", {}).get(model, []):
             lines += [f"![trade-off]({plot})", ""]
     return "\n".join(lines)

@@ -14,13 +14,12 @@ tree's shape never depends on a token's own value.
 
 The draft cache is kept in step like ``draft``'s: ``observe`` keeps the accepted path's entries, and
 ``propose`` rolls back to the longest prefix shared with the committed text and feeds the rest. When the
-target (or the draft backend) verifies chains only, the same loop grows a chain (branching 1, width 1).
+target (or the draft backend) verifies chains only, the same loop grows a chain (branching 1, width 1). The
+best-first loop itself is ``head_tree.grow_tree``, shared with the trained heads.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,11 +27,11 @@ import torch
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.draft_model import _common_prefix
+from paradecode.drafters.head_tree import DraftTree, TreeLimits, grow_tree
 from paradecode.drafters.pld_tree import tree_room
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
-from paradecode.verify.sampling import probabilities, sample
 
 
 @dataclass(frozen=True)
@@ -49,17 +48,6 @@ class DraftTreeOptions:
         for name in ("budget", "branching", "width", "depth"):
             if getattr(self, name) < 1:
                 raise ParadecodeError(f"draft-tree option {name} must be >= 1, got {getattr(self, name)}.")
-
-
-@dataclass
-class _Open:
-    """A node the draft model has run on: its children are offered by rank."""
-
-    score: float  # log-probability of the path from the root to this node, under the draft
-    log_ranked: list[float]  # log of the node's top `branching` draft probabilities, best first
-    top_tokens: list[int] | None = None  # greedy: the tokens those belong to
-    q: torch.Tensor | None = None  # [V] sampling: the node's q
-    left: torch.Tensor | None = None  # [V] sampling: q with the children drawn so far removed (unnormalised)
 
 
 @register("draft-tree")
@@ -90,7 +78,6 @@ class DraftTreeDrafter(Drafter):
             return Proposal()
         budget = min(o.budget if tree else depth_limit, tree_room(state))
         branching, width = (o.branching, o.width) if tree else (1, 1)
-        sampling = state.sampling
 
         shared = min(_common_prefix(self.cached, state.tokens), len(state.tokens) - 1)  # always feed the root
         draft.rollback(shared)
@@ -98,79 +85,30 @@ class DraftTreeDrafter(Drafter):
         self.draft_forward_passes += 1
         self.cached, self.base = list(state.tokens), len(state.tokens)
 
-        tokens: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
-        scores: list[float] = []  # draft log-probability of the path from the root to each node
-        q_rows: list[torch.Tensor] = []
-        ancestor_slots: list[list[int]] = []  # cache slots of each node's ancestors (all of them were fed)
-        opened: dict[int, _Open] = {}
-        offers: list[tuple[float, int, int]] = []  # heap of (-priority, parent node, child rank)
+        limits = TreeLimits(budget=budget, branching=branching, width=width, depth=depth_limit)
 
-        def open_node(node: int, logits: torch.Tensor) -> None:  # logits: [V]
-            score = 0.0 if node < 0 else scores[node]
-            k = min(branching, logits.shape[-1])
-            if sampling.greedy:
-                top = torch.topk(torch.log_softmax(logits.float(), dim=-1), k)
-                opened[node] = _Open(score, top.values.tolist(), top.indices.tolist())
-            else:
-                q = probabilities(logits, sampling)  # [V]
-                top = torch.topk(q, k).values.tolist()
-                opened[node] = _Open(score, [math.log(v) if v > 0 else -math.inf for v in top], q=q, left=q.clone())
-            heapq.heappush(offers, (-(score + opened[node].log_ranked[0]), node, 0))
-
-        open_node(-1, root_logits)
-        while len(tokens) < budget:
-            batch: list[int] = []  # new nodes to open with one draft forward
-            while offers and len(batch) < width and len(tokens) < budget:
-                neg_priority, parent, rank = heapq.heappop(offers)
-                offer = opened[parent]
-                if neg_priority == math.inf or (offer.left is not None and float(offer.left.sum()) <= 0):
-                    continue  # q has no support left
-                if rank + 1 < len(offer.log_ranked):
-                    heapq.heappush(offers, (-(offer.score + offer.log_ranked[rank + 1]), parent, rank + 1))
-                if sampling.greedy:
-                    token, score = offer.top_tokens[rank], -neg_priority
-                else:
-                    q_j = offer.left / offer.left.sum()  # [V] q without the siblings drawn before
-                    token = sample(q_j, state.rng)
-                    offer.left[token] = 0.0
-                    q_rows.append(q_j)
-                    score = offer.score + math.log(float(offer.q[token]))
-                node = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-                depths.append(1 if parent < 0 else depths[parent] + 1)
-                scores.append(score)
-                ancestor_slots.append([] if parent < 0 else ancestor_slots[parent] + [self.slots[parent]])
-                if token not in state.eos_ids and depths[node] < depth_limit:
-                    batch.append(node)
+        def expand(batch: list[int], grown: DraftTree) -> torch.Tensor:
             batch = batch[: draft.max_length - self.base - len(self.slots)]  # what the draft cache still holds
-            if not batch or len(tokens) >= budget:
-                break
-            logits = self._feed(batch, depths, ancestor_slots, tokens, tree)  # [len(batch), V]
-            for row, node in enumerate(batch):
-                open_node(node, logits[row])
+            if not batch:
+                return root_logits.new_empty(0, root_logits.shape[-1])
+            return self._feed(batch, grown, tree)  # [len(batch), V]
 
-        chain = all(parent == i - 1 for i, parent in enumerate(parents))
-        return Proposal(
-            tokens=tokens,
-            parents=None if chain else parents,
-            draft_probs=torch.stack(q_rows) if q_rows else None,
-        )
+        return grow_tree(root_logits, expand, state, limits, None, draft.vocab_size)
 
-    def _feed(self, batch: list[int], depths: list[int], ancestor_slots: list[list[int]], tokens: list[int],
-              tree: bool) -> torch.Tensor:
+    def _feed(self, batch: list[int], grown: DraftTree, tree: bool) -> torch.Tensor:
         """One draft forward over new tree nodes; each sees the committed text, its ancestors and itself."""
         fed = len(self.slots)
-        ids = torch.tensor([tokens[n] for n in batch], dtype=torch.long)
+        ids = torch.tensor([grown.tokens[n] for n in batch], dtype=torch.long)
         mask = positions = None
         if tree:
-            positions = torch.tensor([self.base - 1 + depths[n] for n in batch], dtype=torch.long)
+            positions = torch.tensor([self.base - 1 + grown.depths[n] for n in batch], dtype=torch.long)
             mask = torch.zeros(len(batch), self.base + fed + len(batch), dtype=torch.bool)  # [T, C + T]
             mask[:, : self.base] = True
             for row, node in enumerate(batch):
-                mask[row, [self.base + s for s in ancestor_slots[node]]] = True
+                ancestor = grown.parents[node]
+                while ancestor >= 0:  # every ancestor was opened, so it was fed and has a slot
+                    mask[row, self.base + self.slots[ancestor]] = True
+                    ancestor = grown.parents[ancestor]
                 mask[row, self.base + fed + row] = True
         logits = self.backend.forward(ids, positions, mask).logits  # [T, V]
         self.draft_forward_passes += 1

@@ -1,6 +1,6 @@
-"""Growing a draft tree best-first from a trained head's confidences (EAGLE-2's dynamic tree, Li et al. 2024).
+"""Growing a draft tree best-first from a drafter's confidences (EAGLE-2's dynamic tree, Li et al. 2024).
 
-Shared by ``eagle`` and ``medusa``. A node's k-th child is offered with priority = the path's draft
+Shared by ``eagle``, ``medusa`` and ``draft-tree``. A node's k-th child is offered with priority = the path's draft
 log-probability + log of the node's k-th largest draft probability; each round adds the ``width`` best
 offers to the tree and calls ``expand`` once on the new nodes to get their own draft logits, until
 ``budget`` nodes are drafted or the tree is ``depth`` deep. ``branching=1, width=1`` grows a chain.
@@ -51,8 +51,9 @@ class _Open:
 
 def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree], torch.Tensor],
               state: DecodeState, limits: TreeLimits, ids: torch.Tensor | None, vocab: int) -> Proposal:
-    """root_logits [Vd]: draft logits after the root; ``expand(nodes, tree)`` -> [len(nodes), Vd] logits after
-    each node. ``vocab``: the full vocabulary size (of the reported q rows)."""
+    """root_logits [Vd]: draft logits after the root; ``expand(nodes, tree)`` -> [n, Vd] logits after each of
+    the first n nodes (n < len(nodes) when the drafter has room for only n; the rest stay leaves, and n = 0
+    ends the growth). ``vocab``: the full vocabulary size (of the reported q rows)."""
     sampling = state.sampling
     tree = DraftTree([], [], [])
     scores: list[float] = []
@@ -101,8 +102,10 @@ def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree]
                 batch.append(node)
         if not batch or len(tree.tokens) >= limits.budget:
             break
-        logits = expand(batch, tree)  # [len(batch), Vd]
-        for row, node in enumerate(batch):
+        logits = expand(batch, tree)  # [n, Vd]: the first n <= len(batch) nodes opened
+        if logits.shape[0] == 0:
+            break  # the drafter has no room left to open a node
+        for row, node in enumerate(batch[: logits.shape[0]]):
             open_node(node, logits[row])
 
     chain = all(parent == i - 1 for i, parent in enumerate(tree.parents))

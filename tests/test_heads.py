@@ -22,7 +22,7 @@ from paradecode.heads.eagle import EagleCache, HeadShape
 from paradecode.heads.store import build_head, head_config, save_head, target_weights
 from paradecode.registry import get_method
 from paradecode.stats import DecodeStats
-from tiny import PROMPTS, WORDS, ChainOnly, tiny_model_dir
+from tiny import PROMPTS, WORDS, ChainOnly, tiny_model_dir, two_token_joint
 
 
 def make_head(kind: str, model_dir, folder, seed: int = 0, draft_ids=None, scale: float = 1.0):
@@ -104,14 +104,7 @@ def test_sampling_through_the_engine_matches_the_model(tmp_path, method, tree):
     model_dir = tiny_model_dir(tmp_path / "target", seed=7, words=WORDS[:vocab])
     make_head(method, model_dir, tmp_path / "head", seed=4, draft_ids=torch.tensor([5, 2, 7, 0, 3, 6]), scale=0.3)
     target = LlamaBackend.from_pretrained(model_dir)
-    with torch.no_grad():
-        target.reset()
-        p_first = torch.softmax(target.forward(torch.tensor(prompt)).logits[-1], -1)  # [V]
-        p_second = []
-        for a in range(vocab):
-            target.reset()
-            p_second.append(torch.softmax(target.forward(torch.tensor(prompt + [a])).logits[-1], -1))
-    joint = p_first[:, None] * torch.stack(p_second)  # [V, V]
+    joint = two_token_joint(target, prompt, vocab)  # [V, V]
     setup = SimpleNamespace(model_dir=model_dir, heads={method: tmp_path / "head"}, backend=target)
     counts = torch.zeros(vocab, vocab)
     accepted = 0

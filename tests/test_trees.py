@@ -27,7 +27,7 @@ from paradecode.verify import verify_speculative
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import sample, uniform
 from paradecode.verify.tree import verify_tree
-from tiny import PROMPTS, ChainOnly, run, run_case, tiny_backend
+from tiny import PROMPTS, ChainOnly, run, run_case, tiny_backend, two_token_joint
 
 
 TREES = [
@@ -302,14 +302,7 @@ def test_draft_tree_sampling_through_the_engine_matches_the_model():
 
     vocab, prompt, runs = 8, [1, 2, 3], 2000
     target, draft = tiny_backend(7, vocab=vocab, layers=1), tiny_backend(8, vocab=vocab, layers=1, sharp=0.5)
-    with torch.no_grad():  # exact p(a) and p(b | a) from the target
-        target.reset()
-        p_first = torch.softmax(target.forward(torch.tensor(prompt)).logits[-1], -1)  # [V]
-        p_second = []
-        for a in range(vocab):
-            target.reset()
-            p_second.append(torch.softmax(target.forward(torch.tensor(prompt + [a])).logits[-1], -1))
-    joint = p_first[:, None] * torch.stack(p_second)  # [V, V]
+    joint = two_token_joint(target, prompt, vocab)  # [V, V]
     context = SimpleNamespace(load_draft_backend=lambda name: draft)
     drafter = get_method("draft-tree").create({"draft_model": "tiny", "budget": 6, "branching": 3, "width": 3},
                                               context)

@@ -36,6 +36,18 @@ def tiny_backend(seed: int = 0, **kwargs) -> LlamaBackend:
     return LlamaBackend.from_hf(tiny_llama(seed, **kwargs))
 
 
+def two_token_joint(target, prompt: list[int], vocab: int) -> torch.Tensor:
+    """[V, V] the target's exact p(a, b | prompt) = p(a | prompt) p(b | prompt, a), for distribution tests."""
+    with torch.no_grad():
+        target.reset()
+        p_first = torch.softmax(target.forward(torch.tensor(prompt)).logits[-1], -1)  # [V]
+        p_second = []
+        for a in range(vocab):
+            target.reset()
+            p_second.append(torch.softmax(target.forward(torch.tensor(prompt + [a])).logits[-1], -1))
+    return p_first[:, None] * torch.stack(p_second)
+
+
 def text_of(ids: list[int]) -> str:
     """A stand-in detokenizer: token t prints as 'tN '."""
     return "".join(f"t{t} " for t in ids)

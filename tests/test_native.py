@@ -167,3 +167,15 @@ def test_a_failed_build_warns_and_keeps_the_pytorch_forward(monkeypatch, tmp_pat
     assert backend._native is None and backend._cache.dtype == torch.float64
     backend.reset()
     assert torch.isfinite(backend.forward(tokens(5, seed=1)).logits).all()
+
+
+def test_a_crash_in_the_build_check_is_a_warning_not_a_dead_process(monkeypatch, tmp_path):
+    """The build and a first forward run in a child; here the child dies of SIGILL, as code built for another
+    CPU would: the caller warns and keeps the PyTorch forward."""
+    monkeypatch.setattr(native, "CHECK", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv("PARADECODE_CACHE", str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match="died of signal 4"):
+        backend = int8_backend(1, "narrow")
+    assert backend._native is None and backend._cache.dtype == torch.float64
+    assert not list((tmp_path / "cache").rglob("checked")), "a failed check must not mark the build as good"

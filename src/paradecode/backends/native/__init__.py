@@ -4,7 +4,9 @@ Compiled on first use with PyTorch's extension builder, for the CPU at hand (``-
 the model cache under a key made of the source, torch's version, the compiler flags and this CPU's instruction
 set flags, so a home directory shared between machines never loads code built for another CPU. Building takes
 about a minute once per machine; it needs a C++ compiler (the install already needs one for llama-cpp-python).
-When the build fails, ``load`` warns once and returns None and the backend keeps its pure-PyTorch forward,
+The build and one tiny forward run first in a child process (``check``), so a compiler failure or a crash of
+the new code (say, an illegal instruction) ends the child, not the caller; only a build that passed is loaded.
+When it fails, ``load`` warns once and returns None and the backend keeps its pure-PyTorch forward,
 which computes the same model (with float64 attention instead of per-row float32 loops).
 
 ``PARADECODE_NATIVE=0`` turns the native path off.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -48,12 +51,13 @@ def cpu_flags() -> str:
 
 def build_key() -> str:
     headers = [SOURCE.with_name(name) for name in HEADERS]
-    parts = [SOURCE.read_bytes(), *(h.read_bytes() for h in headers if h.is_file()), torch.__version__.encode(), " ".join(FLAGS).encode(), cpu_flags().encode()]
+    parts = [SOURCE.read_bytes(), *(h.read_bytes() for h in headers if h.is_file()), torch.__version__.encode(),
+             " ".join(FLAGS).encode(), cpu_flags().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
 def load() -> ModuleType | None:
-    """The compiled module (built on first use), or None when disabled or the build fails."""
+    """The compiled module (built and checked on first use), or None when disabled or the build fails."""
     if not enabled():
         return None
     key = build_key()
@@ -62,9 +66,42 @@ def load() -> ModuleType | None:
     return _loaded[key]
 
 
-def _build(key: str) -> ModuleType | None:
+# Run by a child process: build the extension and push one tiny forward through every kernel, so that a compiler
+# failure or a crash (an illegal instruction, a bad memory access) ends the child, never the caller.
+CHECK = ("import sys; sys.path[:0] = sys.argv[4:]; from paradecode.backends import native; "
+         "native.check(sys.argv[1], sys.argv[2], sys.argv[3])")
+
+
+def _compile(key: str, build_dir: Path, source: Path) -> ModuleType:
     from torch.utils import cpp_extension
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cpp_extension.load(name=f"paradecode_int8_{key}", sources=[str(source)], extra_cflags=list(FLAGS),
+                                  extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
+
+
+def check(key: str, build_dir: str, source: str) -> None:
+    """Build, then one forward of a random one-layer model (int8 projections, attention, LM head)."""
+    module = _compile(key, Path(build_dir), Path(source))
+    torch.manual_seed(0)
+    d, hd, heads, kv, inter, vocab, slots = 32, 16, 2, 1, 48, 11, 20
+
+    def projection(n: int, k: int, precise: bool = False) -> tuple:
+        return torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5, None, None, precise
+
+    forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
+                                 torch.zeros(slots, hd), torch.zeros(1, 2 * kv, slots, hd),
+                                 torch.zeros(1, kv, -(-slots // 16), hd, 16))
+    forward.add_layer(torch.ones(d), torch.ones(d), projection((heads + 2 * kv) * hd, d), projection(d, heads * hd),
+                      projection(2 * inter, d), projection(d, inter, precise=True))
+    forward.set_head(projection(vocab, d, precise=True))
+    _, logits = forward.forward(torch.tensor([1, 2, 3]), 0, None, None, [0], True)
+    if not torch.isfinite(logits).all():
+        raise SystemExit("the native forward returned non-finite logits")
+
+
+def _build(key: str) -> ModuleType | None:
     from paradecode.models import cache_root
 
     if shutil.which("ninja") is None:  # the `ninja` wheel's binary, when its venv's bin/ is not on PATH
@@ -75,19 +112,27 @@ def _build(key: str) -> ModuleType | None:
         except ImportError:
             pass
     build_dir = cache_root() / "native" / key
-    fresh = not any(build_dir.glob("*.so"))
-    if fresh:
+    checked = build_dir / "checked"  # written once a child built this key and ran it without failing
+    if not checked.is_file():
         print("paradecode: compiling the native int8 kernels for this CPU (once per machine, about a minute)...",
               file=sys.stderr, flush=True)
-    try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return cpp_extension.load(name=f"paradecode_int8_{key}", sources=[str(SOURCE)],
-                                      extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
-                                      build_directory=str(build_dir), verbose=False)
-    except Exception as error:  # no compiler, no ninja, a compile error: keep the PyTorch forward
+        child = subprocess.run([sys.executable, "-c", CHECK, key, str(build_dir), str(SOURCE),
+                                *(entry for entry in sys.path if entry)], capture_output=True, text=True)
+        if child.returncode != 0:
+            lines = child.stderr.strip().splitlines()
+            reason = (f"the check process died of signal {-child.returncode}" if child.returncode < 0
+                      else lines[-1] if lines else f"exit code {child.returncode}")
+            return _fallback(reason)
+        checked.write_text("ok\n")
+    try:
+        return _compile(key, build_dir, SOURCE)
+    except Exception as error:  # e.g. the cache was emptied between the check and this load
         message = str(error).strip().splitlines()
-        warnings.warn(f"paradecode: the native int8 kernels could not be built ({message[-1] if message else error}); "
-                      "using the slower PyTorch forward. Set PARADECODE_NATIVE=0 to skip the attempt.", stacklevel=3)
-        return None
+        return _fallback(message[-1] if message else repr(error))
+
+
+def _fallback(reason: str) -> None:
+    warnings.warn(f"paradecode: the native int8 kernels could not be built ({reason}); using the slower PyTorch "
+                  "forward. Set PARADECODE_NATIVE=0 to skip the attempt.", stacklevel=4)
+    return None

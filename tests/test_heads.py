@@ -66,7 +66,8 @@ CASES = [("eagle", "", {"tree": True, "depth": 6}), ("eagle", "", {"depth": 4, "
          ("eagle", "eagle-vocab", {"tree": True, "budget": 7}),
          ("eagle", "", {"tree": True, "budget": 30, "branching": 2, "width": 6, "depth": 8}),
          ("medusa", "", {"tree": True}), ("medusa", "", {}), ("medusa", "medusa-vocab", {"tree": True, "branching": 5}),
-         ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10})]
+         ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10}),
+         ("eagle", "", {"tree": True, "head_dtype": "fp32"}), ("medusa", "", {"head_dtype": "fp32", "schedule": "fixed"})]
 
 
 @pytest.mark.parametrize("method,head,options", CASES)
@@ -193,3 +194,9 @@ def _depth(parents, node):
     while node >= 0:
         depth, node = depth + 1, parents[node]
     return depth
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_bad_head_dtype_is_refused_clearly(method):
+    with pytest.raises(ParadecodeError, match="head_dtype must be one of int8, fp32"):
+        get_method(method).Options(head_dtype="bf16")

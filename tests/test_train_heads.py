@@ -29,7 +29,7 @@ def data(tmp_path_factory):
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 48, (int(n),), generator=generator).tolist() for n in torch.randint(3, 12, (40,))]
-    rows = answer_and_record(hf, tokenizer, prompts, DistillConfig(max_new_tokens=24, batch_size=16))
+    rows = answer_and_record(hf, tokenizer, prompts, DistillConfig(max_new_tokens=24, batch_size=16, teacher="fp32"))
     return SimpleNamespace(model_dir=model_dir, rows=rows, prompts=prompts, target=target_weights(str(model_dir)))
 
 
@@ -47,7 +47,7 @@ def test_data_folder_refuses_other_prompts(tmp_path):
     from paradecode.training.selfdistill import generate_dataset
 
     model_dir = tiny_model_dir(tmp_path / "target", seed=5)
-    config = DistillConfig(max_new_tokens=4, batch_size=8)
+    config = DistillConfig(max_new_tokens=4, batch_size=8, teacher="fp32")
     first = generate_dataset(model_dir, ["w1 w2", "w3"], tmp_path / "data", config, log=lambda m: None)
     again = generate_dataset(model_dir, ["w1 w2", "w3"], tmp_path / "data", config, log=lambda m: None)
     assert first == again and len(first) == 1
@@ -55,23 +55,58 @@ def test_data_folder_refuses_other_prompts(tmp_path):
         generate_dataset(model_dir, ["w4"], tmp_path / "data", config, log=lambda m: None)
 
 
-def _loss(kind, head, data, vocab):
+def test_int8_teacher_answers_like_the_int8_backend_in_any_number_of_workers(tmp_path, monkeypatch):
+    """The default teacher: the int8 backend's own greedy answers, with the hidden states it computes along
+    them; two worker processes write the same shards as one."""
+    import paradecode
+    from paradecode.training import selfdistill
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=5)
+    words = ["w%d" % i for i in range(2, 40)]
+    prompts = [" ".join(words[i : i + 2 + i % 5]) for i in range(8)]
+    monkeypatch.setattr(selfdistill, "SHARD_SIZE", 4)  # two shards
+    config = DistillConfig(max_new_tokens=12, teacher="int8")
+    cache = str(tmp_path / "cache")
+    one = selfdistill.generate_dataset(model_dir, prompts, tmp_path / "one", config, log=lambda m: None,
+                                       cache_dir=cache)
+    two = selfdistill.generate_dataset(model_dir, prompts, tmp_path / "two", config, log=lambda m: None,
+                                       workers=2, cache_dir=cache)
+    assert len(one) == len(two) == 2
+    rows, parallel = selfdistill.load_shards(one), selfdistill.load_shards(two)
+    model = paradecode.load(str(model_dir), backend="llama", dtype="int8", cache_dir=cache)
+    for prompt, row, other in zip(prompts, rows, parallel):
+        ids = selfdistill.encode_prompt(model.tokenizer, prompt)
+        answer = model.generate(ids, max_new_tokens=12).token_ids
+        assert row["tokens"].tolist() == ids + answer and row["prompt_len"] == len(ids)
+        assert torch.equal(row["tokens"], other["tokens"]) and torch.equal(row["hidden"], other["hidden"])
+        model.backend.reset()
+        hidden = model.backend.forward(row["tokens"].long(), return_hidden=True).hidden
+        assert torch.equal(row["hidden"], hidden.half())
+    with pytest.raises(ParadecodeError, match="unknown teacher"):
+        selfdistill.generate_dataset(model_dir, prompts, tmp_path / "bad", DistillConfig(teacher="bf16"))
+
+
+def _loss(kind, head, data, vocab, soft=False):
+    """Cross-entropy against the target's chosen tokens (soft=False: its floor is 0) or its distribution."""
     batch = make_batch(data.rows[:16])
     with torch.no_grad():
-        return float(LOSSES[kind](head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch, 2)[0])
+        return float(LOSSES[kind](head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch, 2,
+                                  soft=soft)[0])
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_path, kind):
+@pytest.mark.parametrize("kind,labels", [("eagle", "soft"), ("medusa", "soft"), ("eagle", "hard")])
+def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_path, kind, labels):
     tmp_path = tmp_path / "not-made-yet"  # train_head makes its output folder
     config = TrainConfig(kind=kind, epochs=5, batch_size=4, lr=1e-2, draft_vocab=40, depth=2, eval_depth=3,
-                         medusa_heads=3, holdout=4, checkpoint_every=2)  # a checkpoint before the first save
+                         medusa_heads=3, holdout=4, checkpoint_every=2,  # a checkpoint before the first save
+                         soft_labels=labels == "soft", precision="fp32")
     torch.manual_seed(config.seed)
     untrained = build_head(kind, HeadShape.from_target_config(data.target.config), 3)
     trained, saved = train_head(data.rows, data.target, "tiny", tmp_path, config, log=lambda m: None,
                                 progress=False)
     vocab = draft_vocab(data.rows, 48, 40)
-    assert _loss(kind, trained, data, vocab) < 0.85 * _loss(kind, untrained, data, vocab)
+    soft = labels == "soft"  # the loss it was trained on
+    assert _loss(kind, trained, data, vocab, soft) < 0.85 * _loss(kind, untrained, data, vocab, soft)
     assert len(saved["training"]["history"]) == 5 and saved["draft_vocab_size"] == 40
     sweep = saved["training"]["vocab_sweep"]
     assert [row["size"] for row in sweep] == [5, 10, 20, 40]
@@ -99,7 +134,7 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts_the_same(data, tmp_p
 
 
 def test_interrupted_training_resumes(data, tmp_path):
-    config = TrainConfig(kind="medusa", epochs=2, batch_size=4, draft_vocab=40, medusa_heads=2, holdout=4)
+    config = TrainConfig(kind="medusa", epochs=2, batch_size=4, draft_vocab=40, medusa_heads=2, holdout=4, precision="fp32")
 
     def stop_after_first_epoch(message):
         if message.startswith("epoch 1:"):

@@ -37,6 +37,7 @@ class EagleOptions:
     width: int = 4  # nodes expanded per head forward
     depth: int = 3  # deepest draft (the chain's longest length)
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
+    head_dtype: str = "int8"  # int8: the head's linears and draft LM head quantized at load (a quarter of the reads); fp32
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ the LM head instead of V; verification still scores the full vocabulary, so noth
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +33,12 @@ def check_tree_options(method: str, options) -> None:
     check_schedule_options(method, options.schedule, options.depth, options.depth)
     if options.draft_vocab < 0:
         raise ParadecodeError(f"{method} option draft_vocab must be >= 0 (0: the head's own), got {options.draft_vocab}.")
+    if options.head_dtype not in HEAD_DTYPES:
+        raise ParadecodeError(f"{method} option head_dtype must be one of {', '.join(HEAD_DTYPES)}, "
+                              f"got {options.head_dtype!r}.")
+
+
+HEAD_DTYPES = ("int8", "fp32")
 
 
 @dataclass(frozen=True)
@@ -43,21 +50,41 @@ class HeadRuntime:
     lm_rows: torch.Tensor  # [Vd, D] the target's LM head rows of the draft vocabulary
     ids: torch.Tensor | None  # [Vd] full id of each draft logit; None: the full vocabulary
     vocab: int  # the full vocabulary size V
+    module: torch.nn.Module  # the head as it drafts (its linear layers in int8 for head_dtype=int8)
+    lm: torch.nn.Module  # the draft LM head (a linear layer over lm_rows), in the same dtype
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., D] -> draft logits [..., Vd]."""
-        return features @ self.lm_rows.t()
+        rows = features.reshape(-1, features.shape[-1])  # [N, D]: quantized linears take 2-D inputs only
+        return self.lm(rows).view(*features.shape[:-1], -1)
 
 
 @lru_cache(maxsize=8)
-def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int) -> HeadRuntime:
+def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_dtype: str = "fp32") -> HeadRuntime:
+    """The head in ``folder`` with its target's pieces. ``head_dtype`` int8: its linear layers and the draft LM
+    head run as PyTorch's dynamically quantized int8 linears (int8 weights, per-call int8 activations): a
+    draft step reads a quarter of the bytes (drafting on a CPU is bound by reading weights); proposals change
+    slightly, outputs do not (verification is the target's)."""
     weights = target_weights(model_dir)
     head = load_head(folder, kind, weights)
     ids = head.draft_ids
     if draft_vocab:
         ids = (ids if ids is not None else torch.arange(weights.embed.shape[0]))[:draft_vocab]
     lm_rows = weights.lm_head if ids is None else weights.lm_head[ids].contiguous()
-    return HeadRuntime(head, weights.embed, lm_rows, ids, weights.embed.shape[0])
+    lm = torch.nn.Linear(lm_rows.shape[1], lm_rows.shape[0], bias=False)
+    lm.weight = torch.nn.Parameter(lm_rows, requires_grad=False)
+    module = head.module
+    if head_dtype == "int8":
+        module, lm = (_int8_linears(m) for m in (copy.deepcopy(head.module), lm))
+    return HeadRuntime(head, weights.embed, lm_rows, ids, weights.embed.shape[0], module.eval(), lm.eval())
+
+
+def _int8_linears(module: torch.nn.Module) -> torch.nn.Module:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
+        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 class HeadDrafter(Drafter):
@@ -73,8 +100,8 @@ class HeadDrafter(Drafter):
             raise ParadecodeError(f"method {self.method_name!r} must be created through a loaded model (paradecode.load).")
         folder = resolve_head_dir(options.head, self.kind, getattr(context, "name", None))
         self.runtime = load_runtime(str(Path(folder).resolve()), self.kind, str(Path(context.model_dir).resolve()),
-                                    options.draft_vocab)
-        self.module = self.runtime.head.module
+                                    options.draft_vocab, options.head_dtype)
+        self.module = self.runtime.module
         self.draft_forward_passes = 0
 
     def begin(self, state: DecodeState) -> None:

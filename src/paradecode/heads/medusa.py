@@ -33,4 +33,5 @@ class MedusaHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., D] -> each head's feature [K, ..., D] (feed to the LM head)."""
-        return torch.stack([hidden + F.silu(block(hidden)) for block in self.blocks])
+        rows = hidden.reshape(-1, hidden.shape[-1])  # [N, D]: quantized linears take 2-D inputs only
+        return torch.stack([rows + F.silu(block(rows)) for block in self.blocks]).view(-1, *hidden.shape)

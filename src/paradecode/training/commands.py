@@ -12,6 +12,7 @@ arguments. Arguments are checked before any model is loaded.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -37,7 +38,14 @@ def add_commands(commands) -> None:
                        help="prompts to answer from each source, or one count per source, comma-separated "
                             "(default: 640)")
     train.add_argument("--max-new-tokens", type=int, default=128, help="answer length (default: 128)")
-    train.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate() batch (default: 32)")
+    train.add_argument("--teacher", choices=("int8", "fp32"), default="int8",
+                       help="what answers the prompts: int8 (paradecode's int8 backend, the one the heads draft "
+                            "for by default; default) or fp32 (transformers on the checkpoint's weights, batched)")
+    train.add_argument("--workers", type=int, default=None,
+                       help="int8 teacher: processes answering shards side by side, one thread each "
+                            "(default: the number of CPU cores)")
+    train.add_argument("--gen-batch-size", type=int, default=32,
+                       help="fp32 teacher: prompts per generate() batch (default: 32)")
     train.add_argument("--data", help="folder for the generated data (default: OUT/data); shared by several runs")
     train.add_argument("--out", required=True, help="folder for the head and its checkpoint")
     train.add_argument("--epochs", type=int, default=3)
@@ -47,6 +55,12 @@ def add_commands(commands) -> None:
                        help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
     train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
     train.add_argument("--medusa-heads", type=int, default=4)
+    train.add_argument("--labels", choices=("soft", "hard"), default="soft",
+                       help="train against the target's distribution over the draft vocabulary (soft, default) "
+                            "or against the token it chose (hard)")
+    train.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                       help="training arithmetic: bf16 autocast with fp32 weights, fp32, or auto (bf16 where a "
+                            "timed matmul shows this CPU runs it faster; default)")
     train.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(run=run_train)
@@ -75,8 +89,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     sources = [s.strip() for s in args.prompts.split(",") if s.strip()]
     counts = _counts(args.num_prompts, len(sources))
+    if args.workers is None:
+        args.workers = os.cpu_count() or 1
     for name in ("max_new_tokens", "gen_batch_size", "epochs", "batch_size", "depth",
-                 "medusa_heads", "threads"):
+                 "medusa_heads", "threads", "workers"):
         if getattr(args, name) < 1:
             raise ParadecodeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.draft_vocab < 0 or args.lr <= 0:
@@ -90,14 +106,16 @@ def run_train(args: argparse.Namespace) -> int:
     shards = []
     for source, prompts in prompt_sets:  # one folder per source, so a source can grow without touching the others
         folder = data if len(prompt_sets) == 1 else data / Path(source).stem
-        shards += generate_dataset(model_dir, prompts, folder, DistillConfig(args.max_new_tokens, args.gen_batch_size),
-                                   log=_log)
+        config = DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher)
+        shards += generate_dataset(model_dir, prompts, folder, config, log=_log, workers=args.workers,
+                                   cache_dir=args.cache_dir)
     data_seconds = time.perf_counter() - started
     rows = load_shards(shards)
     answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
     _log(f"data: {len(rows)} answers, {answer_tokens} answer tokens (this run spent {data_seconds:.0f} s on it)")
     config = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads)
+                         draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
+                         soft_labels=args.labels == "soft", precision=args.precision)
     info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                 prompts=args.prompts, answers=len(rows), answer_tokens=answer_tokens)
     _, saved = train_head(rows, target_weights(str(model_dir)), args.model, out, config, log=_log,

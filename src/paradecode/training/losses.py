@@ -105,8 +105,10 @@ def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int)
 
 
 def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int, regression: float = 1.0,
-               decay: float = 0.8) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance."""
+               decay: float = 0.8, soft: bool = True) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance.
+    ``soft``: cross-entropy against the target's whole distribution over the draft vocabulary (its LM head on
+    the recorded feature, as EAGLE trains), else against the token it chose."""
     total, hits = 0.0, []
     target_features = F.pad(batch.hidden[:, 1:], (0, 0, 0, 1))  # [B, T, D] f_{i+1}
     labels = _labels(batch, vocab, 2)  # t_{i+2}
@@ -114,7 +116,7 @@ def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int
         real = _valid(batch, k, offset=2 - k)  # root r = i - k + 2, label r + k = i + 2
         valid = real & (labels >= 0)  # and the label is in the draft vocabulary
         logits = out[valid] @ lm_rows.t()  # [n, Vd]
-        ce = F.cross_entropy(logits, labels[valid]) if valid.any() else out.sum() * 0
+        ce = _token_loss(logits, labels[valid], target_features[valid], lm_rows, soft) if valid.any() else out.sum() * 0
         reg = F.smooth_l1_loss(out[valid], target_features[valid]) if valid.any() else out.sum() * 0
         total = total + decay ** (k - 1) * (ce + regression * reg)
         correct = torch.zeros_like(valid)
@@ -124,20 +126,33 @@ def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int
 
 
 def medusa_loss(heads: MedusaHeads, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int = 0,
-                decay: float = 0.8) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+                decay: float = 0.8, soft: bool = True) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     total, hits = 0.0, []
     outputs = heads(batch.hidden)  # [K, B, T, D]
     for k in range(1, heads.num_heads + 1):
         labels = _labels(batch, vocab, 1 + k)  # t_{i+1+k}
+        features = F.pad(batch.hidden[:, k:], (0, 0, 0, k))  # [B, T, D] f_{i+k}, whose image is t_{i+1+k}'s law
         real = _valid(batch, k, offset=1)  # root r = i + 1
         valid = real & (labels >= 0)
         logits = outputs[k - 1][valid] @ lm_rows.t()  # [n, Vd]
-        ce = F.cross_entropy(logits, labels[valid]) if valid.any() else outputs.sum() * 0
+        ce = _token_loss(logits, labels[valid], features[valid], lm_rows, soft) if valid.any() else outputs.sum() * 0
         total = total + decay ** (k - 1) * ce
         correct = torch.zeros_like(valid)
         correct[valid] = logits.argmax(-1) == labels[valid]
         hits.append((correct, real))
     return total, hits
+
+
+def _token_loss(logits: torch.Tensor, labels: torch.Tensor, features: torch.Tensor, lm_rows: torch.Tensor,
+                soft: bool) -> torch.Tensor:
+    """Cross-entropy of draft ``logits`` [n, Vd] against the chosen ``labels`` [n], or (``soft``) the KL divergence
+    from the target's distribution (its LM head on the recorded ``features`` [n, D], over the draft
+    vocabulary): the cross-entropy's gradient, with 0 for a perfect draft."""
+    if not soft:
+        return F.cross_entropy(logits, labels)
+    with torch.no_grad():
+        target = (features.float() @ lm_rows.float().t()).log_softmax(-1)  # [n, Vd]
+    return F.kl_div(logits.float().log_softmax(-1), target, reduction="batchmean", log_target=True)
 
 
 def chain_acceptance(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> list[tuple[float, float]]:

@@ -1,9 +1,17 @@
 """Self-distillation data for draft heads: the target's own answers and its hidden states along them.
 
-One batched pass per shard of prompts, with transformers on the target's weights: ``generate`` the answers
-(greedy by default, or sampled) in left-padded batches sorted by prompt length, keeping the last hidden state
-generation computed at every position (after the final norm, what the LM head reads: the same rows
-``Backend.forward(return_hidden=True)`` returns), plus one cached step for the last token.
+Two teachers answer the prompts (``DistillConfig.teacher``):
+
+* ``int8`` (the default): paradecode's own int8 backend, the one the heads draft for by default (its greedy
+  answers differ from fp32's after the first differing token, so data from fp32 teaches the head text it will
+  not be asked to draft). One prompt at a time through the engine (``ar``), then one forward over prompt +
+  answer for the hidden states (every row of the native forward equals the row decoding computed, to the
+  bit). ``workers`` processes of one thread each answer shards side by side.
+* ``fp32``: transformers ``generate`` on the checkpoint's weights in left-padded batches sorted by prompt
+  length, keeping the last hidden state generation computed at every position (after the final norm, what
+  the LM head reads: the same rows ``Backend.forward(return_hidden=True)`` returns), plus one cached step
+  for the last token.
+
 Each shard is saved as soon as it is done (``shard-NNNNN.pt``: token ids, prompt lengths, fp16 hidden
 states), so an interrupted run resumes at the first missing shard.
 """
@@ -32,41 +40,131 @@ class DistillConfig:
     temperature: float = 0.0  # 0: greedy answers (what greedy decoding will be asked to draft)
     max_prompt_tokens: int = 256
     seed: int = 0
+    teacher: str = "int8"  # int8: paradecode's int8 backend, one prompt at a time; fp32: transformers, batched
+
+
+TEACHERS = ("int8", "fp32")
 
 
 def generate_dataset(model_dir: Path, prompts: list[str], out: Path, config: DistillConfig,
-                     log: Callable[[str], None] = print) -> list[Path]:
-    """Answer ``prompts`` with the target and save shards to ``out``; returns every shard path."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+                     log: Callable[[str], None] = print, workers: int = 1, cache_dir: str | None = None) -> list[Path]:
+    """Answer ``prompts`` with the target and save shards to ``out``; returns every shard path. ``workers`` > 1
+    answers shards in that many processes of one torch thread each (the int8 teacher)."""
+    if config.teacher not in TEACHERS:
+        raise ParadecodeError(f"unknown teacher {config.teacher!r}; choose one of: {', '.join(TEACHERS)}.")
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = None
-    shards = []
-    start = time.perf_counter()
     manifest_path = out / "manifest.json"  # what each shard answers, so a reused folder cannot mix data sets
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    shards, missing = [], []
     for index, first in enumerate(range(0, len(prompts), SHARD_SIZE)):
         path = out / f"shard-{index:05d}.pt"
         shards.append(path)
-        key = hashlib.sha256(json.dumps([dataclasses.asdict(config), prompts[first : first + SHARD_SIZE]]).encode())
-        if manifest.setdefault(path.name, key.hexdigest()) != key.hexdigest():
+        chunk = prompts[first : first + SHARD_SIZE]
+        key = hashlib.sha256(json.dumps([dataclasses.asdict(config), chunk]).encode()).hexdigest()
+        if manifest.setdefault(path.name, key) != key:
             raise ParadecodeError(f"{out} holds answers to other prompts or settings ({path.name}); "
                                   "pass another --data folder.")
-        manifest_path.write_text(json.dumps(manifest, indent=1))
-        if path.exists():
-            continue
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        chunk = [encode_prompt(tokenizer, p)[-config.max_prompt_tokens:] for p in prompts[first : first + SHARD_SIZE]]
-        rows = answer_and_record(model, tokenizer, chunk, config)
-        torch.save(rows, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").rename(path)
-        done = min(first + SHARD_SIZE, len(prompts))
-        answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
-        log(f"data: {done}/{len(prompts)} prompts, shard {index} ({answer_tokens} answer tokens), "
+        if not path.exists():
+            missing.append((path, chunk))
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    if not missing:
+        return shards
+    start, done = time.perf_counter(), len(prompts) - sum(len(chunk) for _, chunk in missing)
+
+    def report(path: Path, count: int, answer_tokens: int) -> None:
+        nonlocal done
+        done += count
+        log(f"data: {done}/{len(prompts)} prompts, {path.name} ({answer_tokens} answer tokens), "
             f"{time.perf_counter() - start:.0f} s")
+
+    if workers <= 1 or config.teacher != "int8" or len(missing) == 1:
+        teacher = Teacher(model_dir, config, cache_dir)
+        for path, chunk in missing:
+            report(path, len(chunk), _save_shard(teacher, path, chunk))
+        return shards
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(min(workers, len(missing)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_start_worker, initargs=(model_dir, config, cache_dir)) as pool:
+        futures = {pool.submit(_worker_shard, path, chunk): (path, chunk) for path, chunk in missing}
+        try:
+            for future in as_completed(futures):
+                path, chunk = futures[future]
+                report(path, len(chunk), future.result())
+        except BrokenProcessPool:
+            raise ParadecodeError(f"a data worker process died (out of memory or killed?); the shards it finished "
+                                  f"are kept in {out}: run the same command again to resume, or with --workers 1."
+                                  ) from None
     return shards
+
+
+class Teacher:
+    """The target that answers the prompts: loaded on first use, answers a list of prompts -> shard rows."""
+
+    def __init__(self, model_dir: Path, config: DistillConfig, cache_dir: str | None = None) -> None:
+        self.model_dir, self.config, self.cache_dir = model_dir, config, cache_dir
+        self.model = self.tokenizer = None
+
+    def answer(self, prompts: list[str]) -> list[dict]:
+        config = self.config
+        if self.model is None:
+            self._load()
+        chunk = [encode_prompt(self.tokenizer, p)[-config.max_prompt_tokens:] for p in prompts]
+        if config.teacher == "fp32":
+            return answer_and_record(self.model, self.tokenizer, chunk, config)
+        return answer_on_backend(self.model, chunk, config)
+
+    def _load(self) -> None:
+        if self.config.teacher == "fp32":
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        else:
+            from paradecode.api import load
+
+            self.model = load(str(self.model_dir), backend="llama", dtype="int8", cache_dir=self.cache_dir)
+            self.tokenizer = self.model.tokenizer
+
+
+def _save_shard(teacher: Teacher, path: Path, prompts: list[str]) -> int:
+    rows = teacher.answer(prompts)
+    torch.save(rows, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+    return sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
+
+
+_WORKER_TEACHER: Teacher | None = None
+
+
+def _start_worker(model_dir: Path, config: DistillConfig, cache_dir: str | None) -> None:
+    global _WORKER_TEACHER
+    torch.set_num_threads(1)
+    _WORKER_TEACHER = Teacher(model_dir, config, cache_dir)
+
+
+def _worker_shard(path: Path, prompts: list[str]) -> int:
+    return _save_shard(_WORKER_TEACHER, path, prompts)
+
+
+@torch.inference_mode()
+def answer_on_backend(model, prompts: list[list[int]], config: DistillConfig) -> list[dict]:
+    """Answers of a loaded ``paradecode.Model`` (one prompt at a time, ``ar``) and the hidden states along them:
+    a list of {tokens [T], prompt_len, hidden [T, D] fp16}, as ``answer_and_record``."""
+    rows = []
+    for number, prompt in enumerate(prompts):
+        sampled = config.temperature > 0
+        result = model.generate(prompt, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                seed=config.seed + number if sampled else None)
+        tokens = prompt + result.token_ids
+        model.backend.reset()
+        hidden = model.backend.forward(torch.tensor(tokens), return_hidden=True, logits=False).hidden  # [T, D]
+        model.backend.reset()
+        rows.append(dict(tokens=torch.tensor(tokens, dtype=torch.int32), prompt_len=len(prompt),
+                         hidden=hidden.to(torch.float16).clone()))
+    return rows
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:

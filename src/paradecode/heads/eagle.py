@@ -119,7 +119,7 @@ class EagleHead(nn.Module):
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None] if mask is not None else None,
                                               enable_gqa=True)  # [B, H, T, hd]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, s.num_heads * s.head_dim))
-        h = F.rms_norm(x, (s.hidden_size,), self.post_attention_layernorm, s.rms_norm_eps)
+        h = F.rms_norm(x, (s.hidden_size,), self.post_attention_layernorm.to(x.dtype), s.rms_norm_eps)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))  # [B, T, D]
         return x, new_kv
 

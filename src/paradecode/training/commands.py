@@ -55,9 +55,9 @@ def add_commands(commands) -> None:
                        help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
     train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
     train.add_argument("--medusa-heads", type=int, default=4)
-    train.add_argument("--labels", choices=("soft", "hard"), default="soft",
-                       help="train against the target's distribution over the draft vocabulary (soft, default) "
-                            "or against the token it chose (hard)")
+    train.add_argument("--labels", choices=("hard", "soft"), default="hard",
+                       help="train against the token the target chose (hard, default: the higher greedy "
+                            "acceptance in docs/heads.md) or its distribution over the draft vocabulary (soft)")
     train.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                        help="training arithmetic: bf16 autocast with fp32 weights, fp32, or auto (bf16 where a "
                             "timed matmul shows this CPU runs it faster; default)")

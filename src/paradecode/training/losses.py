@@ -105,7 +105,7 @@ def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int)
 
 
 def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int, regression: float = 1.0,
-               decay: float = 0.8, soft: bool = True) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+               decay: float = 0.8, soft: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance.
     ``soft``: cross-entropy against the target's whole distribution over the draft vocabulary (its LM head on
     the recorded feature, as EAGLE trains), else against the token it chose."""
@@ -126,7 +126,7 @@ def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int
 
 
 def medusa_loss(heads: MedusaHeads, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int = 0,
-                decay: float = 0.8, soft: bool = True) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+                decay: float = 0.8, soft: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     total, hits = 0.0, []
     outputs = heads(batch.hidden)  # [K, B, T, D]
     for k in range(1, heads.num_heads + 1):

@@ -35,7 +35,7 @@ class TrainConfig:
     eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
     medusa_heads: int = 4
     feature_loss: float = 1.0  # eagle: weight of the smooth-L1 loss on the predicted feature (0: tokens only)
-    soft_labels: bool = True  # cross-entropy against the target's distribution (False: its chosen token)
+    soft_labels: bool = False  # True: KL to the target's distribution over the draft vocabulary; False: CE on its token
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 weights) | auto: bf16 where it measures faster
     holdout: int = 32  # sequences kept out of training for the acceptance estimate
     checkpoint_every: int = 40  # steps

@@ -61,13 +61,15 @@ def generate(setup, method, prompt, head="", backend=None, max_new_tokens=24, te
     return out, stats
 
 
-CASES = [("eagle", "", {"tree": True, "depth": 6}), ("eagle", "", {"depth": 4, "schedule": "fixed"}),
+FIXED = {"schedule": "fixed"}  # the whole tree every step (the cost schedule cuts trees of random heads short)
+CASES = [("eagle", "", {"tree": True, "depth": 6, **FIXED}), ("eagle", "", {"depth": 4, **FIXED}),
          ("eagle", "", {}), ("medusa", "", {"schedule": "heuristic"}),
-         ("eagle", "eagle-vocab", {"tree": True, "budget": 7}),
+         ("eagle", "eagle-vocab", {"tree": True, "budget": 7, **FIXED}),
          ("eagle", "", {"tree": True, "budget": 30, "branching": 2, "width": 6, "depth": 8}),
-         ("medusa", "", {"tree": True}), ("medusa", "", {}), ("medusa", "medusa-vocab", {"tree": True, "branching": 5}),
-         ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10}),
-         ("eagle", "", {"tree": True, "head_dtype": "fp32"}), ("medusa", "", {"head_dtype": "fp32", "schedule": "fixed"})]
+         ("medusa", "", {"tree": True, **FIXED}), ("medusa", "", {}), ("medusa", "", {"tree": True}),
+         ("medusa", "medusa-vocab", {"tree": True, "branching": 5, **FIXED}),
+         ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10, **FIXED}),
+         ("eagle", "", {"tree": True, "head_dtype": "fp32", **FIXED}), ("medusa", "", {"head_dtype": "fp32", **FIXED})]
 
 
 @pytest.mark.parametrize("method,head,options", CASES)
@@ -82,7 +84,8 @@ def test_greedy_equals_autoregressive(setup, method, head, options):
             drafted += stats.drafted_tokens
             accepted += stats.accepted_tokens
     assert 0 < drafted and accepted < drafted  # drafts are made and (random heads) mostly rejected
-    assert accepted > 0 or not options.get("tree")  # trees of random heads hit the target's token at times
+    if options.get("schedule") == "fixed":
+        assert accepted > 0 or not options.get("tree")  # trees of random heads hit the target's token at times
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
@@ -200,3 +203,32 @@ def _depth(parents, node):
 def test_bad_head_dtype_is_refused_clearly(method):
     with pytest.raises(ParadecodeError, match="head_dtype must be one of int8, fp32"):
         get_method(method).Options(head_dtype="bf16")
+
+
+def test_calibration_counts_judged_nodes_and_chains_path_chances():
+    from paradecode.drafters.base import Proposal
+    from paradecode.drafters.head_drafter import Calibration
+
+    calibration = Calibration()  # starts calibrated: a 0.95 confidence is a 0.95 chance
+    tree = Proposal(tokens=[5, 6, 7, 8], parents=[-1, 0, -1, 2], confidences=[0.95, 0.55, 0.05, 0.9])
+    assert calibration.path_chances(tree) == pytest.approx([0.95, 0.95 * 0.55, 0.05, 0.05 * 0.95])
+    calibration.update(tree, accepted=[0, 1])  # judged: 0 (hit), 1 (hit), 2 (miss); 3's parent was rejected
+    assert calibration.seen[9] == 5 and calibration.hits[9] == pytest.approx(0.95 * 4 + 1)
+    assert calibration.seen[5] == 5 and calibration.hits[5] == pytest.approx(0.55 * 4 + 1)
+    assert calibration.seen[0] == 5 and calibration.hits[0] == pytest.approx(0.05 * 4)
+    for _ in range(40):  # a head whose 0.9+ confidences always fail
+        calibration.update(Proposal(tokens=[1], confidences=[0.97]), accepted=[])
+    assert calibration.path_chances(Proposal(tokens=[1, 2], confidences=[0.97, 0.5]))[0] < 0.15
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_cost_schedule_cuts_greedy_trees_of_a_random_head(setup, method):
+    """Greedy under the cost schedule: the tree is cut to the nodes worth their verify time, so a random head
+    (almost never right) ends up drafting far less than the fixed tree; the output is unchanged."""
+    options = {"tree": True, "budget": 12, "depth": 4}
+    prompt = PROMPTS[4]
+    expected, _ = generate(setup, "ar", prompt, max_new_tokens=60)
+    cut, cut_stats = generate(setup, method, prompt, max_new_tokens=60, **options)
+    full, full_stats = generate(setup, method, prompt, max_new_tokens=60, **options, **FIXED)
+    assert cut == full == expected
+    assert cut_stats.drafted_tokens < full_stats.drafted_tokens / 2

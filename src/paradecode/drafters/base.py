@@ -42,6 +42,7 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)  # draft nodes: a chain, or a tree in parent-first order
     parents: list[int] | None = None  # tree: parent index of each node (-1 = root); None = chain
     draft_probs: torch.Tensor | None = None  # [N, V] q for each node (sampling); None = deterministic draft
+    confidences: list[float] | None = None  # drafter's probability of each node given its parent (head trees)
     # Extra inputs that ride along in the same forward pass without being verified (lookahead's Jacobi
     # window): token ids, absolute positions, and a [E, 1 + N + E] mask over root + nodes + extras (the cache
     # is always visible); their logits come back in ``Verdict.extra_logits``.

@@ -98,11 +98,10 @@ class EagleDrafter(HeadDrafter):
                                  runtime.vocab)
         finally:
             self.cache.length = committed  # drop the draft pairs: the next step feeds the target's features
-        self.drafted(len(proposal.tokens))
-        return proposal
+        return self.finish(proposal)
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        self.accepted(len(verdict.accepted))
+        self.accepted(verdict)
         rows = [0] + [1 + i for i in verdict.accepted]  # the root and the accepted nodes
         features = verdict.target_hidden[rows].float()  # [A+1, D]
         self.pending = (features, verdict.accepted_tokens + [verdict.next_token])

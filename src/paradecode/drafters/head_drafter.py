@@ -20,10 +20,11 @@ from typing import ClassVar
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter
+from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
+from paradecode.verify.base import Verdict
 
 
 def check_tree_options(method: str, options) -> None:
@@ -87,6 +88,41 @@ def _int8_linears(module: torch.nn.Module) -> torch.nn.Module:
         return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
 
 
+class Calibration:
+    """How often a drafted token is accepted, given its path so far was, as a function of the head's own
+    probability for it: ``BINS`` equal bins over [0, 1], each starting as if the head were calibrated (``PRIOR``
+    pseudo-observations at the bin's centre) and counting every node the target judged since."""
+
+    BINS = 10
+    PRIOR = 4.0
+
+    def __init__(self) -> None:
+        self.hits = [(b + 0.5) / self.BINS * self.PRIOR for b in range(self.BINS)]
+        self.seen = [self.PRIOR] * self.BINS
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.BINS), self.BINS - 1)
+
+    def path_chances(self, proposal: Proposal) -> list[float]:
+        """Chance that each node's whole path is accepted (nodes in proposal order, parents first)."""
+        parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal.tokens) - 1))
+        chances: list[float] = []
+        for confidence, parent in zip(proposal.confidences, parents):
+            b = self._bin(confidence)
+            chances.append(self.hits[b] / self.seen[b] * (1.0 if parent < 0 else chances[parent]))
+        return chances
+
+    def update(self, proposal: Proposal, accepted: list[int]) -> None:
+        """Count the judged nodes: children of the root or of an accepted node; a hit if it was accepted."""
+        parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal.tokens) - 1))
+        kept = set(accepted)
+        for node, (confidence, parent) in enumerate(zip(proposal.confidences, parents)):
+            if parent < 0 or parent in kept:
+                b = self._bin(confidence)
+                self.seen[b] += 1
+                self.hits[b] += node in kept
+
+
 class HeadDrafter(Drafter):
     """Base of ``eagle`` and ``medusa``: loads the head named by the ``head`` option for the context's model."""
 
@@ -105,22 +141,49 @@ class HeadDrafter(Drafter):
         self.draft_forward_passes = 0
 
     def begin(self, state: DecodeState) -> None:
-        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth)
+        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth, self.context)
         self.scheduled = False
+        self.cutting = False
+        self.calibration = Calibration()
+        self.last: Proposal | None = None
 
     def chain_length(self, state: DecodeState) -> int:
         """Most tokens to draft this step: the schedule's choice for a chain (0: plain decoding), ``depth`` for a
-        tree (trees are not scheduled)."""
-        self.scheduled = not (self.options.tree and state.supports_tree)
+        tree. Greedy decoding under the cost schedule drafts the longest chain or the whole tree budget and
+        lets ``finish`` cut it by the drafted nodes' confidences (``Calibration``)."""
+        tree = self.options.tree and state.supports_tree
+        self.cutting = self.options.schedule == "cost" and state.sampling.greedy
+        self.scheduled = self.cutting or not tree
+        if self.cutting:
+            return self.schedule.candidates()
         return self.schedule.length() if self.scheduled else self.options.depth
 
+    def finish(self, proposal: Proposal) -> Proposal:
+        """The step's proposal as sent: when cutting, the prefix of nodes (parents come before children, so
+        every prefix is a tree) that maximises expected tokens per second, where a node's chance is the
+        product of its path's calibrated confidences and the cost is the schedule's measured verify time."""
+        if self.cutting and proposal.tokens and proposal.confidences is not None:
+            keep = self.schedule.best_prefix(self.calibration.path_chances(proposal))
+            parents = None if proposal.parents is None else proposal.parents[:keep]
+            chain = parents is None or all(parent == i - 1 for i, parent in enumerate(parents))
+            proposal = Proposal(tokens=proposal.tokens[:keep], parents=None if chain else parents,
+                                confidences=proposal.confidences[:keep])
+        self.last = proposal
+        if self.scheduled:
+            self.schedule.proposed(len(proposal.tokens))
+        return proposal
+
     def drafted(self, count: int) -> None:
+        """A step that drafted nothing (``count`` 0) or whose proposal bypasses ``finish``."""
+        self.last = None
         if self.scheduled:
             self.schedule.proposed(count)
 
-    def accepted(self, count: int) -> None:
+    def accepted(self, verdict: Verdict) -> None:
         if self.scheduled:
-            self.schedule.update(count)
+            self.schedule.update(len(verdict.accepted))
+        if self.last is not None and self.last.confidences is not None:
+            self.calibration.update(self.last, verdict.accepted)
 
     def summary(self) -> dict:
         ids = self.runtime.ids

@@ -57,6 +57,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree]
     sampling = state.sampling
     tree = DraftTree([], [], [])
     scores: list[float] = []
+    confidences: list[float] = []  # each node's draft probability given its parent
     q_rows: list[torch.Tensor] = []
     opened: dict[int, _Open] = {}
     offers: list[tuple[float, int, int]] = []  # heap of (-priority, parent node, child rank)
@@ -98,6 +99,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree]
             tree.parents.append(parent)
             tree.depths.append(depth)
             scores.append(score)
+            confidences.append(math.exp(score - offer.score))
             if token not in state.eos_ids and depth < limits.depth:
                 batch.append(node)
         if not batch or len(tree.tokens) >= limits.budget:
@@ -110,7 +112,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree]
 
     chain = all(parent == i - 1 for i, parent in enumerate(tree.parents))
     return Proposal(tokens=tree.tokens, parents=None if chain else tree.parents,
-                    draft_probs=torch.stack(q_rows) if q_rows else None)
+                    draft_probs=torch.stack(q_rows) if q_rows else None, confidences=confidences)
 
 
 def tree_limits(tree: bool, budget: int, branching: int, width: int, depth: int, state: DecodeState) -> TreeLimits:

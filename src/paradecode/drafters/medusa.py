@@ -63,10 +63,9 @@ class MedusaDrafter(HeadDrafter):
             return logits[[tree.depths[n] for n in batch]]  # [B, Vd] children of depth d come from head d+1
 
         proposal = grow_tree(logits[0], expand, state, limits, self.runtime.ids, self.runtime.vocab)
-        self.drafted(len(proposal.tokens))
-        return proposal
+        return self.finish(proposal)
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        self.accepted(len(verdict.accepted))
+        self.accepted(verdict)
         last = 1 + verdict.accepted[-1] if verdict.accepted else 0  # the row whose logits gave the new root
         self.root_hidden = verdict.target_hidden[last].float()

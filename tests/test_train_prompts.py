@@ -52,3 +52,48 @@ def test_train_draft_reads_a_prompt_file_beside_a_builtin_set(tmp_path, capsys):
     code = main(["train-draft", "--kind", "medusa", "--prompts", f"builtin,{bad}", "--num-prompts", "4,4",
                  "--out", str(tmp_path / "head")])
     assert code == 2 and "mine.jsonl line 2" in capsys.readouterr().err
+
+
+class _ListWriter:
+    """Stands in for the model in make_prompts: continues the list with fixed items, one set per call."""
+
+    def __init__(self, continuations):
+        self.continuations, self.calls = continuations, []
+
+    def generate(self, text, **kwargs):
+        from types import SimpleNamespace
+
+        self.calls.append((text, kwargs))
+        return SimpleNamespace(text=self.continuations[(len(self.calls) - 1) % len(self.continuations)])
+
+
+def test_make_prompts_keeps_new_request_like_items_and_resumes(tmp_path):
+    from paradecode.training.self_prompts import make_prompts, parse_items
+
+    assert parse_items("4. First one here?\n5. Second one here.\n\n6. after a blank") == ["First one here?",
+                                                                                         "Second one here."]
+    continuations = [
+        " How do I grow tomatoes on a balcony?\n5. ok\n6. Write a letter to my future self.\nThe end",
+        " Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences.",
+        " How do I grow tomatoes on a balcony?\n5. Explain why the sky looks blue at noon.\n6. Name three rivers in Africa.",
+        " What is 12 times 12, and why?\n5. Describe a quiet morning in a fishing village.",
+    ]
+    writer = _ListWriter(continuations)
+    out = tmp_path / "self.jsonl"
+    kept = make_prompts(writer, 4, out, log=lambda m: None)
+    # "ok" is too short, the benchmark's own question is refused, the repeat is dropped, "The end" ends a list
+    assert kept == ["How do I grow tomatoes on a balcony?", "Write a letter to my future self.",
+                    "Explain why the sky looks blue at noon.", "Name three rivers in Africa."]
+    text, options = writer.calls[0]
+    assert text.startswith("Here are some requests") and text.endswith("\n4.") and options["chat"] is False
+    assert writer.calls[0][1]["seed"] != writer.calls[1][1]["seed"]  # each call samples anew
+    more = make_prompts(_ListWriter(continuations[3:]), 6, out, log=lambda m: None)  # resumes, then extends
+    assert more == kept + ["What is 12 times 12, and why?", "Describe a quiet morning in a fishing village."]
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == more
+    assert read_prompts(str(out), 10) == more
+
+
+@pytest.mark.parametrize("args, message", [(["--out", "p.txt"], "must name a .jsonl file"),
+                                           (["--out", "p.jsonl", "--count", "0"], "--count and --threads")])
+def test_make_prompts_refuses_bad_arguments_before_loading(tmp_path, capsys, args, message):
+    assert main(["make-prompts", *args]) == 2 and message in capsys.readouterr().err

@@ -65,6 +65,21 @@ def add_commands(commands) -> None:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(run=run_train)
 
+    prompts = commands.add_parser(
+        "make-prompts", help="have the target model write a prompt set for train-draft",
+        description="The target continues a numbered list of requests (three seed requests shown per call) by "
+                    "sampling; the requests it writes that read like one, are new and share no 8-word run with "
+                    "the benchmark's questions are written to OUT (.jsonl, one {\"prompt\": ...} per line; run "
+                    "again to resume or extend). Use it with train-draft --prompts OUT.")
+    prompts.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"target model (default: {DEFAULT_MODEL})")
+    prompts.add_argument("--cache-dir", help="model cache folder")
+    prompts.add_argument("--count", type=int, default=1000, help="prompts to write (default: 1000)")
+    prompts.add_argument("--out", required=True, help=".jsonl file to write")
+    prompts.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    prompts.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: 0.8)")
+    prompts.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    prompts.set_defaults(run=run_make_prompts)
+
     export = commands.add_parser(
         "export-draft", help="export an EAGLE head as a vLLM / SGLang EAGLE checkpoint",
         description="Write the EAGLE head in the layout of EAGLE-1 checkpoints that vLLM's and SGLang's "
@@ -123,6 +138,24 @@ def run_train(args: argparse.Namespace) -> int:
     last = saved["training"]["history"][-1]
     _log(f"saved {out}/head.safetensors; held-out estimated tokens/step {last['tau_chain']:.2f}; "
          f"use it with: paradecode generate --method {args.kind} --opt head={out} ...")
+    return 0
+
+
+def run_make_prompts(args: argparse.Namespace) -> int:
+    import torch
+
+    from paradecode.api import load
+    from paradecode.training.self_prompts import make_prompts
+
+    if args.count < 1 or args.threads < 1 or not 0 < args.temperature <= 2:
+        raise ParadecodeError("--count and --threads must be >= 1 and --temperature in (0, 2].")
+    out = Path(args.out)
+    if out.suffix != ".jsonl":
+        raise ParadecodeError(f"--out must name a .jsonl file, got {args.out}.")
+    torch.set_num_threads(args.threads)
+    model = load(args.model, cache_dir=args.cache_dir)
+    kept = make_prompts(model, args.count, out, seed=args.seed, temperature=args.temperature, log=_log)
+    _log(f"wrote {len(kept)} prompts to {out}; use them with: paradecode train-draft --prompts {out} ...")
     return 0
 
 

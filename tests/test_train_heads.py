@@ -3,6 +3,7 @@ lowers the loss, an interrupted run resumes, a saved head drafts exactly as the 
 refused clearly, and the EAGLE export has the serving engines' layout and computes the same function.
 """
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -230,3 +231,20 @@ def test_epoch_batches_cover_every_row_once_and_pad_less_than_random_batches():
 
     shuffled = torch.randperm(203, generator=generator).tolist()
     assert padded(batches) < 0.8 * padded([shuffled[i : i + 8] for i in range(0, 203, 8)])
+
+
+def test_training_can_start_from_a_saved_head(data, tmp_path):
+    config = TrainConfig(kind="eagle", epochs=2, batch_size=4, lr=1e-2, draft_vocab=40, depth=2, eval_depth=2,
+                         holdout=4, precision="fp32")
+    first, _ = train_head(data.rows, data.target, "tiny", tmp_path / "first", config, log=lambda m: None,
+                          progress=False)
+    still = dataclasses.replace(config, epochs=1, lr=1e-9, init=str(tmp_path / "first"))  # (almost) no steps
+    again, _ = train_head(data.rows, data.target, "tiny", tmp_path / "again", still, log=lambda m: None,
+                          progress=False)
+    saved = load_head(tmp_path / "first", "eagle", data.target).module.state_dict()
+    for name, tensor in again.state_dict().items():
+        torch.testing.assert_close(tensor, saved[name], atol=1e-5, rtol=0)
+    with pytest.raises(ParadecodeError, match="holds a 'eagle' head"):
+        train_head(data.rows, data.target, "tiny", tmp_path / "bad",
+                   dataclasses.replace(config, kind="medusa", init=str(tmp_path / "first")), log=lambda m: None,
+                   progress=False)

@@ -55,6 +55,9 @@ def add_commands(commands) -> None:
                        help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
     train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
     train.add_argument("--medusa-heads", type=int, default=4)
+    train.add_argument("--init", default="",
+                       help="start from this head folder (same kind and target) instead of a fresh head, e.g. "
+                            "to go on training with more data")
     train.add_argument("--labels", choices=("hard", "soft"), default="hard",
                        help="train against the token the target chose (hard, default: the higher greedy "
                             "acceptance in docs/heads.md) or its distribution over the draft vocabulary (soft)")
@@ -112,6 +115,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise ParadecodeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.draft_vocab < 0 or args.lr <= 0:
         raise ParadecodeError("--draft-vocab must be >= 0 and --lr > 0.")
+    if args.init and not (Path(args.init) / "config.json").is_file():
+        raise ParadecodeError(f"--init {args.init} is not a head folder (it needs config.json and head.safetensors).")
     prompt_sets = [(source, read_prompts(source, count)) for source, count in zip(sources, counts)]
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -130,7 +135,7 @@ def run_train(args: argparse.Namespace) -> int:
     _log(f"data: {len(rows)} answers, {answer_tokens} answer tokens (this run spent {data_seconds:.0f} s on it)")
     config = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                          draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
-                         soft_labels=args.labels == "soft", precision=args.precision)
+                         soft_labels=args.labels == "soft", precision=args.precision, init=args.init)
     info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                 prompts=args.prompts, answers=len(rows), answer_tokens=answer_tokens)
     _, saved = train_head(rows, target_weights(str(model_dir)), args.model, out, config, log=_log,

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from paradecode.errors import ParadecodeError
 from paradecode.heads.eagle import HeadShape
 from paradecode.heads.store import TargetWeights, build_head, head_config, save_head
 from paradecode.training.losses import (DraftVocab, chain_acceptance, draft_vocab, eagle_loss, make_batch,
@@ -37,6 +38,7 @@ class TrainConfig:
     feature_loss: float = 1.0  # eagle: weight of the smooth-L1 loss on the predicted feature (0: tokens only)
     soft_labels: bool = False  # True: KL to the target's distribution over the draft vocabulary; False: CE on its token
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 weights) | auto: bf16 where it measures faster
+    init: str = ""  # a head folder to start from (same kind and target), e.g. to go on training with more data
     holdout: int = 32  # sequences kept out of training for the acceptance estimate
     checkpoint_every: int = 40  # steps
     seed: int = 0
@@ -55,6 +57,13 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     lm_rows = target.lm_head[vocab.ids].contiguous()  # [Vd, D]
     shape = HeadShape.from_target_config(target.config)
     head = build_head(config.kind, shape, config.medusa_heads)
+    if config.init:
+        from paradecode.heads.store import load_head
+
+        start = load_head(config.init, config.kind, target).module
+        if config.kind == "medusa" and start.num_heads != config.medusa_heads:
+            raise ParadecodeError(f"--init {config.init} has {start.num_heads} Medusa heads, not {config.medusa_heads}.")
+        head.load_state_dict(start.state_dict())
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total = steps_per_epoch * config.epochs

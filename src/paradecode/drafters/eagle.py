@@ -1,9 +1,9 @@
 """EAGLE drafting (Li et al. 2024): a one-layer head autoregresses on the target's features; EAGLE-2's tree.
 
 Pairs (f_i, t_{i+1}) of the committed text sit in the head's own KV cache (``EagleCache``), pair i at slot
-and position i. Each step the pairs the last verification produced are fed first: the target's hidden
-states of the root and of every accepted node, each with the token that followed it (the accepted tokens
-and the new root). The last pair's output predicts the root's feature; its LM-head image gives the draft
+and position i. A step that drafts first feeds, in one pass, the pairs the verifications since its last
+draft produced: the target's hidden states of each root and of every accepted node, each with the token
+that followed it (the accepted tokens and the new root); a step that drafts nothing feeds nothing. The last pair's output predicts the root's feature; its LM-head image gives the draft
 distribution after the root. A tree node x with parent feature g becomes the pair (g, x) at position
 ``committed - 1 + depth``, fed with a tree mask (the committed pairs, its ancestors, itself); its output
 is the feature its own children are drafted from. After drafting, the cache is cut back to the committed
@@ -56,16 +56,19 @@ class EagleDrafter(HeadDrafter):
         room = getattr(state.target, "max_length", 4096) + self.options.budget + 1
         self.cache = EagleCache(self.module.shape, room)
         features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2}
-        self.pending = (features, state.tokens[1 : state.prompt_len]) if features is not None else None
+        # pairs not fed to the head yet: fed in one pass by the next step that drafts, so a step that drafts
+        # nothing (the cost schedule's choice when drafting does not pay) costs no head forward
+        self.pending: list[tuple[torch.Tensor, list[int]]] = [(features, state.tokens[1 : state.prompt_len])] \
+            if features is not None else []
         self.root_feature: torch.Tensor | None = None  # [D] predicted feature of the root
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
-        if self.pending is not None:
-            features, tokens = self.pending
-            out = self._feed(features, tokens, None, None)  # [T, D]
-            self.root_feature, self.pending = out[-1], None
         length = self.chain_length(state)
+        if state.max_draft > 0 and length > 0 and self.pending:
+            features = torch.cat([f for f, _ in self.pending])  # [T, D]
+            out = self._feed(features, [t for _, tokens in self.pending for t in tokens], None, None)  # [T, D]
+            self.root_feature, self.pending = out[-1], []
         if self.root_feature is None or state.max_draft <= 0 or length <= 0:
             self.drafted(0)
             return Proposal()
@@ -104,7 +107,7 @@ class EagleDrafter(HeadDrafter):
         self.accepted(verdict)
         rows = [0] + [1 + i for i in verdict.accepted]  # the root and the accepted nodes
         features = verdict.target_hidden[rows].float()  # [A+1, D]
-        self.pending = (features, verdict.accepted_tokens + [verdict.next_token])
+        self.pending.append((features, verdict.accepted_tokens + [verdict.next_token]))
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor | None,
               mask: torch.Tensor | None) -> torch.Tensor:

@@ -75,8 +75,8 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
     lm = torch.nn.Linear(lm_rows.shape[1], lm_rows.shape[0], bias=False)
     lm.weight = torch.nn.Parameter(lm_rows, requires_grad=False)
     module = head.module
-    if head_dtype == "int8":
-        module, lm = (_int8_linears(m) for m in (copy.deepcopy(head.module), lm))
+    if head_dtype == "int8":  # (quantize_dynamic swaps child modules only, hence the Sequential around lm)
+        module, lm = _int8_linears(copy.deepcopy(head.module)), _int8_linears(torch.nn.Sequential(lm))
     return HeadRuntime(head, weights.embed, lm_rows, ids, weights.embed.shape[0], module.eval(), lm.eval())
 
 

@@ -76,23 +76,16 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
     lm.weight = torch.nn.Parameter(lm_rows, requires_grad=False)
     module = head.module
     if head_dtype == "int8":  # (quantize_dynamic swaps child modules only, hence the Sequential around lm)
-        module, lm = _int8_linears(copy.deepcopy(head.module), keep=FP32_LINEARS), _int8_linears(torch.nn.Sequential(lm))
+        module, lm = _int8_linears(copy.deepcopy(head.module)), _int8_linears(torch.nn.Sequential(lm))
     return HeadRuntime(head, weights.embed, lm_rows, ids, weights.embed.shape[0], module.eval(), lm.eval())
 
 
-# Linears kept in fp32 by head_dtype=int8: EAGLE's fc reads the target's feature, whose few outlier dimensions
-# leave a per-tensor int8 activation scale too coarse for the rest (depth-1 acceptance on 26 Spec-Bench
-# answers: fp32 head 0.388, every linear int8 0.349, all but fc int8 0.390).
-FP32_LINEARS = frozenset({"fc"})
-
-
-def _int8_linears(module: torch.nn.Module, keep: frozenset[str] = frozenset()) -> torch.nn.Module:
+def _int8_linears(module: torch.nn.Module) -> torch.nn.Module:
     import warnings
 
-    names = {name for name, child in module.named_modules() if isinstance(child, torch.nn.Linear) and name not in keep}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
-        return torch.ao.quantization.quantize_dynamic(module, names, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 class Calibration:

@@ -17,7 +17,7 @@ from paradecode.drafters.ngram import NgramTable
 from paradecode.errors import ParadecodeError
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import sample, uniform
-from tiny import PROMPTS as TINY_PROMPTS, run, tiny_backend, tiny_llama
+from tiny import PROMPTS as TINY_PROMPTS, run, tiny_backend, tiny_llama, two_token_joint
 
 LAYERS = 4
 PROMPTS = TINY_PROMPTS[:4]  # all but the 25-token one
@@ -189,17 +189,6 @@ VOCAB = 8
 SAMPLE_PROMPT = [1, 5, 2]
 
 
-def _two_token_target(backend) -> torch.Tensor:
-    """[V, V] exact p(a, b) = p(a | prompt) p(b | prompt, a) of the target at temperature 1."""
-    backend.reset()
-    first = torch.softmax(backend.forward(torch.tensor(SAMPLE_PROMPT)).logits[-1], -1)  # [V]
-    rows = []
-    for a in range(VOCAB):
-        backend.reset()
-        rows.append(torch.softmax(backend.forward(torch.tensor(SAMPLE_PROMPT + [a])).logits[-1], -1))
-    return first[:, None] * torch.stack(rows)  # [V, V]
-
-
 def _pvalue(backend, expected: torch.Tensor, draws: int) -> float:
     """Chi-squared p-value of the first two tokens of ``draws`` seeded layer-skip runs against ``expected``."""
     counts = torch.zeros(VOCAB, VOCAB)
@@ -227,7 +216,7 @@ def _residual_from_p(drafts, parents, q, p, rng):
 
 def test_layerskip_sampling_preserves_the_target_distribution(monkeypatch):
     backend = tiny_backend(2, vocab=VOCAB, sharp=10.0, layers=2)  # its 1-layer draft is far from p (TV ~0.3)
-    expected = _two_token_target(backend)
+    expected = two_token_joint(backend, SAMPLE_PROMPT, VOCAB)
     assert _pvalue(backend, expected, draws=3000) > 1e-3
     monkeypatch.setattr(paradecode.engine, "verify_speculative", _residual_from_p)
     assert _pvalue(backend, expected, draws=1000) < 1e-3  # the test can fail (here p is ~1e-20)

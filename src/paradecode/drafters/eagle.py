@@ -3,11 +3,12 @@
 Pairs (f_i, t_{i+1}) of the committed text sit in the head's own KV cache (``EagleCache``), pair i at slot
 and position i. A step that drafts first feeds, in one pass, the pairs the verifications since its last
 draft produced: the target's hidden states of each root and of every accepted node, each with the token
-that followed it (the accepted tokens and the new root); a step that drafts nothing feeds nothing. The last pair's output predicts the root's feature; its LM-head image gives the draft
-distribution after the root. A tree node x with parent feature g becomes the pair (g, x) at position
-``committed - 1 + depth``, fed with a tree mask (the committed pairs, its ancestors, itself); its output
-is the feature its own children are drafted from. After drafting, the cache is cut back to the committed
-pairs: the draft pairs carried predicted features, and the next step feeds the target's real ones.
+that followed it (the accepted tokens and the new root); a step that drafts nothing feeds nothing. The last
+pair's output predicts the root's feature; its LM-head image gives the draft distribution after the root.
+A tree node x with parent feature g becomes the pair (g, x) at position ``committed - 1 + depth``, fed with
+a tree mask (the committed pairs, its ancestors, itself); its output is the feature its own children are
+drafted from. After drafting, the cache is cut back to the committed pairs: the draft pairs carried
+predicted features, and the next step feeds the target's real ones.
 
 Before the first step the prompt's pairs come from the prefill's hidden states; a one-token prompt has
 none, so its first step drafts nothing.
@@ -37,7 +38,7 @@ class EagleOptions:
     width: int = 4  # nodes expanded per head forward
     depth: int = 3  # deepest draft (the chain's longest length)
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
-    head_dtype: str = "int8"  # int8: the head's linears and draft LM head quantized at load (a quarter of the reads); fp32
+    head_dtype: str = "int8"  # int8: linears + draft LM head quantized at load (a quarter of the reads) | fp32
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.base import DecodeState, Drafter, Proposal, tree_parents
 from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
@@ -48,11 +48,10 @@ class HeadRuntime:
 
     head: LoadedHead
     embed: torch.Tensor  # [V, D] the target's token embeddings
-    lm_rows: torch.Tensor  # [Vd, D] the target's LM head rows of the draft vocabulary
     ids: torch.Tensor | None  # [Vd] full id of each draft logit; None: the full vocabulary
     vocab: int  # the full vocabulary size V
     module: torch.nn.Module  # the head as it drafts (its linear layers in int8 for head_dtype=int8)
-    lm: torch.nn.Module  # the draft LM head (a linear layer over lm_rows), in the same dtype
+    lm: torch.nn.Module  # the draft LM head (a linear layer over the target's LM head rows of the draft vocabulary)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., D] -> draft logits [..., Vd]."""
@@ -77,7 +76,7 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
     module = head.module
     if head_dtype == "int8":  # (quantize_dynamic swaps child modules only, hence the Sequential around lm)
         module, lm = _int8_linears(copy.deepcopy(head.module)), _int8_linears(torch.nn.Sequential(lm))
-    return HeadRuntime(head, weights.embed, lm_rows, ids, weights.embed.shape[0], module.eval(), lm.eval())
+    return HeadRuntime(head, weights.embed, ids, weights.embed.shape[0], module.eval(), lm.eval())
 
 
 def _int8_linears(module: torch.nn.Module) -> torch.nn.Module:
@@ -105,7 +104,7 @@ class Calibration:
 
     def path_chances(self, proposal: Proposal) -> list[float]:
         """Chance that each node's whole path is accepted (nodes in proposal order, parents first)."""
-        parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal.tokens) - 1))
+        parents = proposal.node_parents
         chances: list[float] = []
         for confidence, parent in zip(proposal.confidences, parents):
             b = self._bin(confidence)
@@ -114,7 +113,7 @@ class Calibration:
 
     def update(self, proposal: Proposal, accepted: list[int]) -> None:
         """Count the judged nodes: children of the root or of an accepted node; a hit if it was accepted."""
-        parents = proposal.parents if proposal.parents is not None else list(range(-1, len(proposal.tokens) - 1))
+        parents = proposal.node_parents
         kept = set(accepted)
         for node, (confidence, parent) in enumerate(zip(proposal.confidences, parents)):
             if parent < 0 or parent in kept:
@@ -164,9 +163,7 @@ class HeadDrafter(Drafter):
         product of its path's calibrated confidences and the cost is the schedule's measured verify time."""
         if self.cutting and proposal.tokens and proposal.confidences is not None:
             keep = self.schedule.best_prefix(self.calibration.path_chances(proposal))
-            parents = None if proposal.parents is None else proposal.parents[:keep]
-            chain = parents is None or all(parent == i - 1 for i, parent in enumerate(parents))
-            proposal = Proposal(tokens=proposal.tokens[:keep], parents=None if chain else parents,
+            proposal = Proposal(tokens=proposal.tokens[:keep], parents=tree_parents(proposal.node_parents[:keep]),
                                 confidences=proposal.confidences[:keep])
         self.last = proposal
         if self.scheduled:

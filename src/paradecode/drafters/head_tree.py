@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Proposal
+from paradecode.drafters.base import DecodeState, Proposal, tree_parents
 from paradecode.verify.sampling import probabilities, sample
 
 
@@ -110,8 +110,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree]
         for row, node in enumerate(batch[: logits.shape[0]]):
             open_node(node, logits[row])
 
-    chain = all(parent == i - 1 for i, parent in enumerate(tree.parents))
-    return Proposal(tokens=tree.tokens, parents=None if chain else tree.parents,
+    return Proposal(tokens=tree.tokens, parents=tree_parents(tree.parents),
                     draft_probs=torch.stack(q_rows) if q_rows else None, confidences=confidences)
 
 

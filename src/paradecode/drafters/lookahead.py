@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.base import DecodeState, Drafter, Proposal, tree_parents
 from paradecode.drafters.ngram_pool import NgramPool
 from paradecode.drafters.pld_tree import merge_prefix_tree
 from paradecode.errors import ParadecodeError
@@ -97,9 +97,7 @@ class LookaheadDrafter(Drafter):
         if not state.supports_tree:
             candidates = candidates[:1]
         tokens, parents = merge_prefix_tree([list(c) for c in candidates], budget=sum(map(len, candidates)))
-        is_chain = all(parent == i - 1 for i, parent in enumerate(parents))
-        proposal = Proposal(tokens=tokens, parents=None if is_chain else parents,
-                            info={"candidates": len(candidates)})
+        proposal = Proposal(tokens=tokens, parents=tree_parents(parents), info={"candidates": len(candidates)})
         if state.max_draft > 0:  # the window only pays off if another step follows
             cache_len = len(state.tokens) - 1  # the root's position
             extras = len(self.offsets)

@@ -29,7 +29,7 @@ class MedusaOptions:
     width: int = 12  # nodes offered per round (all heads are computed at once, so wide rounds cost nothing)
     depth: int = 3  # deepest draft (the chain's longest length); at most the number of heads
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
-    head_dtype: str = "int8"  # int8: the head's linears and draft LM head quantized at load (a quarter of the reads); fp32
+    head_dtype: str = "int8"  # int8: linears + draft LM head quantized at load (a quarter of the reads) | fp32
     draft_vocab: int = 0  # keep the heads' N most frequent draft tokens (0: their whole draft vocabulary)
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.base import DecodeState, Drafter, Proposal, tree_parents
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 
@@ -110,9 +110,7 @@ class PromptLookupTreeDrafter(Drafter):
         if len(chains) <= 1:
             return Proposal(tokens=chains[0][:budget] if chains else [])
         tokens, parents = merge_prefix_tree(chains, budget)
-        if all(parent == i - 1 for i, parent in enumerate(parents)):
-            return Proposal(tokens=tokens)  # the candidates were prefixes of one another
-        return Proposal(tokens=tokens, parents=parents)
+        return Proposal(tokens=tokens, parents=tree_parents(parents))  # None: candidates were prefixes of one another
 
 
 def tree_room(state: DecodeState) -> int:

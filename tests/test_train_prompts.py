@@ -97,3 +97,13 @@ def test_make_prompts_keeps_new_request_like_items_and_resumes(tmp_path):
                                            (["--out", "p.jsonl", "--count", "0"], "--count and --threads")])
 def test_make_prompts_refuses_bad_arguments_before_loading(tmp_path, capsys, args, message):
     assert main(["make-prompts", *args]) == 2 and message in capsys.readouterr().err
+
+
+def test_make_prompts_refuses_a_file_it_did_not_write(tmp_path):
+    from paradecode.errors import ParadecodeError
+    from paradecode.training.self_prompts import make_prompts
+
+    out = tmp_path / "other.jsonl"
+    out.write_text(json.dumps({"prompt": "Hello there, how are you?"}) + "\n")  # no "call": not ours
+    with pytest.raises(ParadecodeError, match="line 1 is not a make-prompts line"):
+        make_prompts(_ListWriter([" Anything at all here?"]), 3, out, log=lambda m: None)

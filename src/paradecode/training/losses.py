@@ -107,8 +107,8 @@ def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int)
 def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int, regression: float = 1.0,
                decay: float = 0.8, soft: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance.
-    ``soft``: cross-entropy against the target's whole distribution over the draft vocabulary (its LM head on
-    the recorded feature, as EAGLE trains), else against the token it chose."""
+    ``soft``: KL divergence from the target's whole distribution over the draft vocabulary (its LM head on the
+    recorded feature, as EAGLE trains), else cross-entropy against the token it chose (``_token_loss``)."""
     total, hits = 0.0, []
     target_features = F.pad(batch.hidden[:, 1:], (0, 0, 0, 1))  # [B, T, D] f_{i+1}
     labels = _labels(batch, vocab, 2)  # t_{i+2}

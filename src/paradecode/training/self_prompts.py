@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from paradecode.errors import ParadecodeError
+
 SEEDS = [
     "Can you write a short poem about autumn leaves?",
     "How do I fix a leaking kitchen tap?",
@@ -79,13 +81,18 @@ def make_prompts(model, count: int, out: Path, seed: int = 0, temperature: float
     banned = _benchmark_runs()
     kept, seen, call = [], set(), 0
     if out.exists():
-        for line in out.read_text().splitlines():
-            row = json.loads(line)
-            kept.append(row["prompt"])
-            seen.add(_key(row["prompt"]))
-            call = max(call, row["call"] + 1)
+        for number, line in enumerate(out.read_text().splitlines(), 1):
+            try:
+                row = json.loads(line)
+                prompt, row_call = row["prompt"], int(row["call"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                raise ParadecodeError(f"{out} line {number} is not a make-prompts line ({{\"prompt\", \"call\"}}); "
+                                      "pass another --out to start a new file.") from None
+            kept.append(prompt)
+            seen.add(_key(prompt))
+            call = max(call, row_call + 1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    started, calls = time.perf_counter(), 0
+    started, calls, resumed = time.perf_counter(), 0, len(kept)
     with out.open("a") as sink:
         while len(kept) < count:
             draws = random.Random(seed * 1_000_003 + call)
@@ -106,9 +113,7 @@ def make_prompts(model, count: int, out: Path, seed: int = 0, temperature: float
                     log(f"prompts: {len(kept)}/{count} ({time.perf_counter() - started:.0f} s, {calls + 1} calls)")
             call += 1
             calls += 1
-            if calls > 50 and len(kept) == 0:
-                from paradecode.errors import ParadecodeError
-
+            if calls > 50 and len(kept) == resumed:
                 raise ParadecodeError("the model wrote no usable request in 50 calls; try another --temperature.")
     return kept
 

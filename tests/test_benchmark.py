@@ -11,6 +11,7 @@ import pytest
 from paradecode.api import Model
 from paradecode.benchmark import commands, metrics, peers, questions, runner
 from paradecode.benchmark.peers import Peer, PeerRun
+from paradecode.backends.int8_llama import Int8LlamaBackend
 from paradecode.backends.llama import LlamaBackend
 from paradecode.cli import main
 from paradecode.errors import ParadecodeError
@@ -391,7 +392,7 @@ def test_a_dtype_variant_runs_on_its_own_copy_of_the_model(tmp_path, capsys, mon
     hf = tiny_llama(3, sharp=4.0)
     calibration = [list(range(1, 40))]
     by_dtype = {dtype: Model(LlamaBackend.from_hf(hf) if dtype == "fp32" else
-                             LlamaBackend.from_hf(hf).quantize_int8(calibration),
+                             Int8LlamaBackend.from_hf(hf, calibration=calibration),
                              TinyTokenizer(), name="tiny", model_dir=tmp_path / "m", chat=True)
                 for dtype in ("fp32", "int8")}
     monkeypatch.setattr(commands, "load_model", lambda args, dtype=None: by_dtype[dtype or args.dtype])

@@ -12,18 +12,19 @@ import torch
 from paradecode import cli, quality
 from paradecode.backends import int8
 from paradecode.backends.base import tree_depths, tree_mask
+from paradecode.backends.int8_llama import Int8LlamaBackend
 from paradecode.backends.llama import LlamaBackend
 from paradecode.drafters.schedule import CostCurve
 from paradecode.profile import measure_curve
-from tiny import PROMPTS, run, run_case, tiny_backend, tiny_model_dir
+from tiny import PROMPTS, run, run_case, tiny_backend, tiny_int8_backend, tiny_llama, tiny_model_dir
 
 TREE_PARENTS = [-1, 0, 0, 1, 2, -1]
 ATOL = 1e-4
 CALIBRATION = [list(range(1, 40)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 3]
 
 
-def int8_backend(seed: int = 0, **kwargs) -> LlamaBackend:
-    return tiny_backend(seed, **kwargs).quantize_int8(CALIBRATION)
+def int8_backend(seed: int = 0, **kwargs) -> Int8LlamaBackend:
+    return tiny_int8_backend(seed, CALIBRATION, **kwargs)
 
 
 def tokens(n: int, seed: int) -> torch.Tensor:
@@ -41,9 +42,8 @@ def test_int8_linear_is_close_to_the_float_product_and_rows_are_independent():
     torch.manual_seed(0)
     weight, x = torch.randn(24, 40), torch.randn(6, 40)
     x[:, 3] *= 30  # an outlier channel
-    for precise, packed_one_row in [(False, False), (False, True), (True, False)]:
+    for precise in (False, True):
         linear = int8.Int8Linear.from_float(weight, precise=precise)
-        linear.packed_one_row = packed_one_row
         out = linear(x)
         exact = x @ weight.t()
         assert (out - exact).abs().max() < (0.02 if precise else 0.2) * exact.abs().max()
@@ -59,8 +59,9 @@ def test_int8_linear_is_close_to_the_float_product_and_rows_are_independent():
 def test_quantized_backend_stays_close_to_fp32_and_replaces_every_projection():
     fp32, q = tiny_backend(1, sharp=4.0), int8_backend(1, sharp=4.0)
     assert q.dtype == "int8" and isinstance(q._lm_head, int8.Int8Linear)
-    if torch.backends.quantized.engine in ("x86", "fbgemm"):  # both kernels available: one was chosen by timing
-        assert q._lm_head._packed is not None and set(q.kernel_timings) == {"int_mm", "fbgemm"}
+    if q.available_kernels():  # the native pass: every bucket's kernel was chosen by timing the ones offered
+        assert set(q.kernel_choice) == {"one", "verify", "prefill"}
+        assert all(set(times) == set(q.available_kernels()) for times in q.kernel_timings.values())
     assert all(isinstance(getattr(layer, name), int8.Int8Linear) for layer in q._layers for name in int8.PROJECTIONS)
     ids = tokens(20, seed=1)
     a, b = uncached(fp32, ids), uncached(q, ids)
@@ -127,17 +128,17 @@ def test_exported_state_reloads_to_identical_logits(tmp_path):
     from safetensors.torch import load_file, save_file
 
     backend = int8_backend(2)
-    save_file(int8.export_state(backend), tmp_path / "int8.safetensors")
-    reloaded = tiny_backend(2).quantize_int8(state=load_file(tmp_path / "int8.safetensors"))
+    save_file(backend.export_state(), tmp_path / "int8.safetensors")
+    reloaded = Int8LlamaBackend.from_hf(tiny_llama(2), int8_state=load_file(tmp_path / "int8.safetensors"))
     ids = tokens(12, seed=9)
     assert torch.equal(uncached(backend, ids), uncached(reloaded, ids))
 
 
 def test_quantize_needs_calibration_and_fp32_weights():
     with pytest.raises(ValueError, match="calibration"):
-        tiny_backend().quantize_int8([])
+        tiny_int8_backend(0, [])
     with pytest.raises(ValueError, match="fp32"):
-        int8_backend().quantize_int8(CALIBRATION)
+        Int8LlamaBackend.from_hf(tiny_llama(0).to(torch.bfloat16), calibration=CALIBRATION)
 
 
 def test_quality_figures_are_zero_for_fp32_and_measured_for_int8():
@@ -199,7 +200,7 @@ def test_verify_rows_equal_one_token_decoding_to_the_bit():
     """The ar path (one token per pass) and a verify pass over a chain or a tree must give each row the very
     same logits: int8 magnifies a last-bit difference (say, from attention summing in another order) into a
     quantization step, and that would break the equality with ar on real models."""
-    backend = tiny_backend(5, layers=4, sharp=4.0).quantize_int8(CALIBRATION)
+    backend = int8_backend(5, layers=4, sharp=4.0)
     prompt, chain = tokens(40, seed=11), tokens(7, seed=12)
     backend.reset()
     backend.forward(prompt)

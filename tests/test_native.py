@@ -12,7 +12,7 @@ import transformers
 from paradecode import cli
 from paradecode.backends import native
 from paradecode.backends.base import tree_depths, tree_mask
-from paradecode.backends.llama import LlamaBackend
+from paradecode.backends.int8_llama import BUCKETS, PAGE, Int8LlamaBackend
 from paradecode.profile import measure_stages
 from tiny import run, tiny_model_dir
 
@@ -39,29 +39,45 @@ def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
     return model
 
 
-def int8_backend(seed: int = 0, shape: str = "wide") -> LlamaBackend:
-    return LlamaBackend.from_hf(llama(seed, shape)).quantize_int8(CALIBRATION)
+def int8_backend(seed: int = 0, shape: str = "wide") -> Int8LlamaBackend:
+    return Int8LlamaBackend.from_hf(llama(seed, shape), calibration=CALIBRATION)
 
 
 def tokens(n: int, seed: int) -> torch.Tensor:
     return torch.randint(VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def one_by_one(backend: LlamaBackend, ids: torch.Tensor) -> torch.Tensor:
+def one_by_one(backend: Int8LlamaBackend, ids: torch.Tensor) -> torch.Tensor:
     return torch.stack([backend.forward(token.view(1)).logits[0] for token in ids])
 
 
 def test_the_native_kernels_build_and_the_int8_backend_uses_them():
     backend = int8_backend()
-    assert backend._native is not None, "the native int8 forward could not be built (see the warning above)"
-    assert backend._cache.dtype == torch.float32 and backend._keys_t is not None
+    assert backend.available_kernels(), "the native int8 forward could not be built (see the warning above)"
+    assert backend.kernels.startswith("int8-") and "-native-" in backend.kernels
+
+
+KERNEL_CHOICES = {  # bucket -> GEMM kernel: each kernel alone, and one where every pass size uses another
+    "own": dict.fromkeys(BUCKETS, "own"), "fbgemm": dict.fromkeys(BUCKETS, "fbgemm"),
+    "int_mm": dict.fromkeys(BUCKETS, "int_mm"), "mixed": dict(one="int_mm", verify="own", prefill="fbgemm")}
+
+
+def use_kernels(backend: Int8LlamaBackend, choice: str) -> None:
+    wanted = KERNEL_CHOICES[choice]
+    missing = set(wanted.values()) - set(backend.available_kernels())
+    if missing:
+        pytest.skip(f"this machine offers no {', '.join(sorted(missing))} kernel")
+    backend.use_kernels(wanted)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_every_row_equals_its_one_token_pass_to_the_bit(shape):
-    """A 57-token pass, a causal chain and a tree pass give each row what a one-token forward gives it later;
-    the contexts (70+ slots) cross a 64-slot block of the attention's score loop."""
+@pytest.mark.parametrize("kernels", sorted(KERNEL_CHOICES))
+def test_every_row_equals_its_one_token_pass_to_the_bit(shape, kernels):
+    """A 57-token pass, a causal chain and a tree pass give each row what a one-token forward gives it later,
+    with every GEMM kernel and with different kernels for different pass sizes; the contexts (70+ slots) cross
+    a 64-slot block of the attention's score loop."""
     backend = int8_backend(3, shape)
+    use_kernels(backend, kernels)
     prompt, chain = tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2)
     backend.reset()
     backend.forward(prompt[:20])
@@ -120,7 +136,7 @@ def test_native_and_pytorch_int8_forwards_compute_the_same_model(monkeypatch):
     fast = int8_backend(6)
     monkeypatch.setenv("PARADECODE_NATIVE", "0")
     slow = int8_backend(6)
-    assert slow._native is None and slow._cache.dtype == torch.float64
+    assert not slow.available_kernels() and "-native-" not in slow.kernels
     a, b = fast.forward(ids).logits, slow.forward(ids).logits
     assert (a - b).abs().max() < 0.02 * b.abs().max()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.95
@@ -128,12 +144,74 @@ def test_native_and_pytorch_int8_forwards_compute_the_same_model(monkeypatch):
 
 @pytest.mark.parametrize("method,options", [("ngram", {}), ("pld", {}), ("pld-tree", {}), ("jacobi", {}),
                                             ("lookahead", {})])
-def test_methods_equal_ar_on_the_native_forward(method, options):
+@pytest.mark.parametrize("kernels", sorted(KERNEL_CHOICES))
+def test_methods_equal_ar_on_the_native_forward(method, options, kernels):
     backend = int8_backend(9)
-    prompt = tokens(20, seed=10).tolist() * 2
-    reference, _ = run(backend, "ar", prompt, max_new_tokens=40)
-    output, _ = run(backend, method, prompt, max_new_tokens=40, **options)
+    reference, _ = run(backend, "ar", tokens(20, seed=10).tolist() * 2, max_new_tokens=40)  # the chosen kernels
+    use_kernels(backend, kernels)
+    output, _ = run(backend, method, tokens(20, seed=10).tolist() * 2, max_new_tokens=40, **options)
     assert output == reference
+
+
+def test_every_kernel_gives_the_same_logits():
+    backend = int8_backend(5, "grouped")
+    ids = tokens(40, seed=4)
+    logits = {}
+    for kernel in backend.available_kernels():
+        backend.use_kernels(dict.fromkeys(BUCKETS, kernel))
+        backend.reset()
+        logits[kernel] = torch.cat([backend.forward(ids[:30]).logits, backend.forward(ids[30:34]).logits,
+                                    backend.forward(ids[34:35]).logits])
+    assert len(logits) >= 2 and "own" in logits
+    for kernel, values in logits.items():
+        assert torch.equal(values, logits["own"]), kernel
+
+
+def test_the_kernel_choice_takes_what_the_machine_offers_and_is_kept(monkeypatch, tmp_path):
+    """Each bucket gets the fastest of the kernels offered; with a kernel forced off the choice is made among
+    the others; the choice is kept per machine and build and read back; a kept choice that names a kernel no
+    longer offered is measured anew."""
+    backend = int8_backend(2, "narrow")
+    offered = backend.available_kernels()
+    for kernel in offered:
+        others = [k for k in offered if k != kernel]
+        monkeypatch.setattr(Int8LlamaBackend, "available_kernels", lambda self, others=others: others)
+        choice = backend.choose_kernels(repeats=1)
+        assert set(choice) == set(BUCKETS) and set(choice.values()) <= set(others)
+        assert all(set(times) == set(others) for times in backend.kernel_timings.values())
+    monkeypatch.setattr(Int8LlamaBackend, "available_kernels", lambda self: ["own"])
+    assert backend.choose_kernels(tmp_path, repeats=1) == dict.fromkeys(BUCKETS, "own")
+    saved = list(tmp_path.glob("*.json"))
+    assert len(saved) == 1
+    kept = json.loads(saved[0].read_text())
+    kept["choice"]["one"] = "no-such-kernel"
+    saved[0].write_text(json.dumps(kept))
+    assert backend.choose_kernels(tmp_path, repeats=1)["one"] == "own"  # measured again, not a crash
+
+
+def test_sequences_sharing_a_pass_get_exactly_their_own_rows():
+    """The native pass takes rows of several sequences at once, each through its own page table: every row
+    equals what the same tokens give in a pass of their own sequence alone (batch invariance)."""
+    backend = int8_backend(6, "grouped")
+    native = backend._native
+    assert backend.max_length // PAGE >= 4
+    pages_a = torch.tensor([3, 1], dtype=torch.int32)  # the cache's pages shared out, not in order
+    pages_b = torch.tensor([0, 2], dtype=torch.int32)
+    a, b = tokens(100, seed=11), tokens(90, seed=12)
+
+    def run_alone(ids, pages, split):
+        native.forward(ids[:split], torch.arange(split), [(pages, 0, split, None)], list(range(3)), False)
+        rest = len(ids) - split
+        return native.forward(ids[split:], torch.arange(split, len(ids)), [(pages, split, rest, None)],
+                              list(range(3)), True)[1]
+
+    alone_a, alone_b = run_alone(a, pages_a, 80), run_alone(b, pages_b, 70)
+    native.forward(a[:80], torch.arange(80), [(pages_a, 0, 80, None)], list(range(3)), False)
+    native.forward(b[:70], torch.arange(70), [(pages_b, 0, 70, None)], list(range(3)), False)
+    mask_b = torch.ones(20, 90, dtype=torch.bool).tril(70)  # b's rows as an explicit causal mask
+    _, both = native.forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
+                             [(pages_a, 80, 20, None), (pages_b, 70, 20, mask_b)], list(range(3)), True)
+    assert torch.equal(both[:20], alone_a) and torch.equal(both[20:], alone_b)
 
 
 def test_stage_clock_times_each_stage_per_pass_size():
@@ -164,7 +242,7 @@ def test_a_failed_build_warns_and_keeps_the_pytorch_forward(monkeypatch, tmp_pat
     monkeypatch.setenv("PARADECODE_CACHE", str(tmp_path / "cache"))
     with pytest.warns(UserWarning, match="could not be built"):
         backend = int8_backend(1, "narrow")
-    assert backend._native is None and backend._cache.dtype == torch.float64
+    assert not backend.available_kernels() and "-native-" not in backend.kernels
     backend.reset()
     assert torch.isfinite(backend.forward(tokens(5, seed=1)).logits).all()
 
@@ -177,5 +255,5 @@ def test_a_crash_in_the_build_check_is_a_warning_not_a_dead_process(monkeypatch,
     monkeypatch.setenv("PARADECODE_CACHE", str(tmp_path / "cache"))
     with pytest.warns(UserWarning, match="died of signal 4"):
         backend = int8_backend(1, "narrow")
-    assert backend._native is None and backend._cache.dtype == torch.float64
+    assert not backend.available_kernels() and "-native-" not in backend.kernels
     assert not list((tmp_path / "cache").rglob("checked")), "a failed check must not mark the build as good"

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 import transformers
 
+from paradecode.backends.int8_llama import Int8LlamaBackend
 from paradecode.backends.llama import LlamaBackend
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.engine import decode
@@ -34,6 +35,10 @@ def tiny_llama(seed: int = 0, vocab: int = 48, layers: int = 2, sharp: float = 1
 
 def tiny_backend(seed: int = 0, **kwargs) -> LlamaBackend:
     return LlamaBackend.from_hf(tiny_llama(seed, **kwargs))
+
+
+def tiny_int8_backend(seed: int = 0, calibration=((*range(1, 40),),), **kwargs) -> Int8LlamaBackend:
+    return Int8LlamaBackend.from_hf(tiny_llama(seed, **kwargs), calibration=calibration)
 
 
 def two_token_joint(target, prompt: list[int], vocab: int) -> torch.Tensor:

@@ -98,36 +98,10 @@ def _make_backend(model_dir: Path, backend: str, max_length: int | None, dtype: 
 
 
 def _load_int8(model_dir: Path, max_length: int | None, tokenizer, cache_dir):
-    """The int8 backend; its quantized weights are cached after the first load (calibration and the weight
-    clipping search take ~20 s, reading them back well under a second)."""
-    import hashlib
-    import os
-
-    from safetensors.torch import load_file, save_file
-
-    from paradecode.backends import int8
-    from paradecode.backends.llama import LlamaBackend
+    from paradecode.backends.int8_llama import load_int8
     from paradecode.models import cache_root
 
-    weights = model_dir / "model.safetensors"
-    calibration = calibration_ids(tokenizer)
-    key = hashlib.sha256(json.dumps([str(weights.resolve()), weights.stat().st_size, weights.stat().st_mtime_ns,
-                                     int8.FORMAT, calibration]).encode()).hexdigest()[:16]
-    path = cache_root(cache_dir) / "int8" / f"{model_dir.name}-{key}.safetensors"
-    if path.is_file():
-        return LlamaBackend.from_pretrained(model_dir, max_length=max_length, dtype="int8",
-                                            int8_state=load_file(path))
-    print(f"paradecode: quantizing {model_dir.name} to int8 (calibration and weight clipping, once, ~20 s) ...",
-          file=sys.stderr, flush=True)
-    backend = LlamaBackend.from_pretrained(model_dir, max_length=max_length, dtype="int8", calibration=calibration)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".{os.getpid()}.tmp")
-        save_file(int8.export_state(backend), staging)
-        staging.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the next load the same ~20 s
-    return backend
+    return load_int8(model_dir, max_length, calibration_ids(tokenizer), cache_root(cache_dir))
 
 
 class Model:

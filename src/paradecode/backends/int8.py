@@ -82,7 +82,6 @@ class Int8Linear:
     step: torch.Tensor  # [N] float32 per-output-channel quantization step
     bias: torch.Tensor | None  # [N] float32
     precise: bool = False  # activations as int8 + int8 residual (about 15 bits), for outlier-heavy inputs
-    packed_one_row: bool = False  # fbgemm for one row too (set by ``choose_one_row_kernel``)
 
     def __post_init__(self) -> None:
         self._view = self.weight.t()  # [K, N] view for torch._int_mm
@@ -100,7 +99,7 @@ class Int8Linear:
         if self.precise:  # x = q a / 127 + residual; the residual's own int8 rows ride in the same product
             q_res, res_scale = quantize_rows(torch.addcmul(x, q, row_scale, value=-1.0 / 127))
             q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
-        if self._packed is not None and (q.shape[0] > 1 or self.packed_one_row):
+        if self._packed is not None and q.shape[0] > 1:  # int_mm's matrix-vector path is faster for one row
             out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128, self._packed)
             return out.mul_(row_scale)  # [T', N]: fbgemm already applied the per-channel scale
         acc = torch._int_mm(q.to(torch.int8), self._view)  # [T', N] int32
@@ -115,6 +114,10 @@ class Int8Linear:
 
     def wide(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
+
+    def parts(self) -> tuple:
+        """What the native forward takes of a projection: (weight, step, fbgemm's packed weight, bias, precise)."""
+        return self.weight, self.step, self._packed, self.bias, self.precise
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, few_rows: bool = True) -> torch.Tensor:
         """residual [T, N] + projection of x [T, K]."""
@@ -189,137 +192,5 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down")
 PRECISE = ("down",)  # projections whose activations get the int8 + residual treatment (and the LM head)
 
 
-def quantize_backend(backend, calibration: Sequence[Sequence[int]]) -> None:
-    """Replace a fp32 ``LlamaBackend``'s projections and LM head with ``Int8Linear``, SmoothQuant factors
-    (from one pass over ``calibration``) folded into the norms and the producing projections."""
-    if not calibration:
-        raise ValueError("int8 needs calibration text: at least one token sequence")
-
-    def run(ids: Sequence[int]) -> None:
-        backend.reset()
-        backend.forward(torch.tensor(list(ids)[: backend.max_length], dtype=torch.long))
-
-    head = backend._lm_head = ChannelRecorder(backend._lm_head)
-    try:
-        stats = calibrate(run, backend._layers, calibration)
-    finally:
-        backend._lm_head = head.inner
-        backend.reset()
-    s = backend.shape
-    hq, hkv, hd, inter = s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size
-    v_rows = slice((hq + hkv) * hd, (hq + 2 * hkv) * hd)
-    for layer, amax in zip(backend._layers, stats):
-        qkv_w, qkv_b = layer.qkv.weight.clone(), _clone(layer.qkv.bias)  # [(Hq + 2Hkv) hd, D]
-        gate_up_w, gate_up_b = layer.gate_up.weight.clone(), _clone(layer.gate_up.bias)  # [2I, D]
-        o_w, down_w = layer.o.weight, layer.down.weight
-        m = smoothing(amax["qkv"], qkv_w)  # [D], into the attention norm
-        layer.attn_norm, qkv_w = layer.attn_norm / m, qkv_w * m
-        m = smoothing(amax["gate_up"], gate_up_w)  # [D], into the MLP norm
-        layer.mlp_norm, gate_up_w = layer.mlp_norm / m, gate_up_w * m
-        m = smoothing(amax["down"], down_w)  # [I], into the up rows
-        gate_up_w[inter:] /= m[:, None]
-        if gate_up_b is not None:
-            gate_up_b[inter:] /= m
-        down_w = down_w * m
-        m = grouped_smoothing(amax["o"], o_w, hq, hkv, hd)  # [Hkv hd], into the v rows
-        qkv_w[v_rows] /= m[:, None]
-        if qkv_b is not None:
-            qkv_b[v_rows] /= m
-        o_w = o_w * expand_groups(m, hq, hkv, hd)
-        weights = dict(qkv=(qkv_w, qkv_b), o=(o_w, layer.o.bias), gate_up=(gate_up_w, gate_up_b),
-                       down=(down_w, layer.down.bias))
-        for name, (weight, bias) in weights.items():
-            setattr(layer, name, Int8Linear.from_float(weight, bias, precise=name in PRECISE))
-    m = smoothing(head.amax, backend._lm_head.weight)  # [D], into the final norm
-    backend._norm = backend._norm / m
-    backend._hidden_scale = m
-    backend._lm_head = Int8Linear.from_float(backend._lm_head.weight * m, None, precise=True)
-
-
-def export_state(backend) -> dict[str, torch.Tensor]:
-    """Everything ``quantize_backend`` changed, as named tensors (to cache and ``import_state`` later)."""
-    state = {"norm": backend._norm, "hidden_scale": backend._hidden_scale,
-             "head.weight": backend._lm_head.weight, "head.step": backend._lm_head.step}
-    for i, layer in enumerate(backend._layers):
-        state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"] = layer.attn_norm, layer.mlp_norm
-        for name in PROJECTIONS:
-            linear = getattr(layer, name)
-            state[f"{i}.{name}.weight"], state[f"{i}.{name}.step"] = linear.weight, linear.step
-            if linear.bias is not None:
-                state[f"{i}.{name}.bias"] = linear.bias
-    return {key: value.contiguous() for key, value in state.items()}
-
-
-def import_state(backend, state: Mapping[str, torch.Tensor]) -> None:
-    """Install a state from ``export_state`` into a fp32 backend of the same shape (then choose kernels)."""
-    backend._norm, backend._hidden_scale = state["norm"], state["hidden_scale"]
-    backend._lm_head = Int8Linear(state["head.weight"], state["head.step"], None, precise=True)
-    for i, layer in enumerate(backend._layers):
-        layer.attn_norm, layer.mlp_norm = state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"]
-        for name in PROJECTIONS:
-            setattr(layer, name, Int8Linear(state[f"{i}.{name}.weight"], state[f"{i}.{name}.step"],
-                                            state.get(f"{i}.{name}.bias"), precise=name in PRECISE))
-
-
-def native_forward(backend):
-    """The compiled forward pass over this int8 backend's weights and cache (``paradecode.backends.native``), or
-    None when the native kernels are unavailable. The backend's cache must be float32; the native pass also keeps
-    the keys transposed in blocks of 16 slots, in ``backend._keys_t`` [layers, Hkv, slots / 16, hd, 16]."""
-    from paradecode.backends import native
-
-    module = native.load()
-    if module is None:
-        return None
-    s = backend.shape
-
-    def parts(linear: Int8Linear) -> tuple:
-        return linear.weight, linear.step, linear._packed, linear.bias, linear.precise
-
-    blocks = -(-backend.max_length // 16)
-    backend._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, blocks, s.head_dim, 16)
-    stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, backend._embed,
-                               backend._norm, backend._cos, backend._sin, backend._cache, backend._keys_t)
-    for layer in backend._layers:
-        stack.add_layer(layer.attn_norm, layer.mlp_norm, *(parts(getattr(layer, name)) for name in PROJECTIONS))
-    stack.set_head(parts(backend._lm_head))
-    return stack
-
-
 def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.clone()
-
-
-def choose_one_row_kernel(backend, repeats: int = 9) -> dict[str, float]:
-    """Time a one-token forward with the one-row products on ``torch._int_mm`` and on fbgemm and keep the
-    faster: the results are identical, the speed depends on the machine. The two kernels take turns, so a
-    drift in the machine's speed during the measurement falls on both. Returns both median times."""
-    import statistics
-    import time
-
-    linears = [getattr(layer, name) for layer in backend._layers for name in PROJECTIONS] + [backend._lm_head]
-    if any(linear._packed is None for linear in linears):
-        return {}
-    context = min(32, backend.max_length - 1)
-    ids = torch.arange(context + 1) % backend.vocab_size
-
-    def use(packed_one_row: bool) -> None:
-        for linear in linears:
-            linear.packed_one_row = packed_one_row
-        if backend._native is not None:
-            backend._native.set_packed_one_row(packed_one_row)
-
-    backend.reset()
-    backend.forward(ids[:context])
-    times: dict[str, list[float]] = {"int_mm": [], "fbgemm": []}
-    for i in range(repeats + 1):
-        for kernel in times:
-            use(kernel == "fbgemm")
-            start = time.perf_counter()
-            backend.forward(ids[context:])
-            if i:  # the first round warms both up
-                times[kernel].append(time.perf_counter() - start)
-            backend.rollback(context)
-    backend.reset()
-    timings = {kernel: statistics.median(seconds) for kernel, seconds in times.items()}
-    use(timings["fbgemm"] < timings["int_mm"])
-    return timings

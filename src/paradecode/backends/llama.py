@@ -25,11 +25,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from paradecode.backends import int8
 from paradecode.backends.base import ForwardOutput, causal_mask
 
 DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does not choose
-DTYPES = ("fp32", "int8")  # weight formats: fp32 as in the checkpoint; int8 see paradecode.backends.int8
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,6 @@ def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
 
 
 WIDE_ROWS = 12  # up to this many tokens, the LM head computes W @ x.T (see _Linear.wide)
-EXACT_ATTENTION_ROWS = 64  # int8: passes of up to this many new tokens compute attention in float64
 FEW_ROWS = 3  # up to this many tokens, projections use x @ W_t; beyond, F.linear (see the module docstring)
 
 
@@ -140,14 +137,14 @@ class _Linear:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor  # [D]
-    qkv: _Linear | int8.Int8Linear  # D -> (Hq + 2 * Hkv) * hd
-    o: _Linear | int8.Int8Linear  # Hq * hd -> D
+    qkv: _Linear  # D -> (Hq + 2 * Hkv) * hd (or any projection with _Linear's call signature, e.g. int8's)
+    o: _Linear  # Hq * hd -> D
     mlp_norm: torch.Tensor  # [D]
-    gate_up: _Linear | int8.Int8Linear  # D -> 2 * I
-    down: _Linear | int8.Int8Linear  # I -> D
-    keys: torch.Tensor  # [1, Hkv, max_length, hd] view into the cache
-    values: torch.Tensor  # [1, Hkv, max_length, hd] view into the cache
-    slots: torch.Tensor  # [2 * Hkv, max_length, hd] this layer's cache (key heads, then value heads), for writing
+    gate_up: _Linear  # D -> 2 * I
+    down: _Linear  # I -> D
+    keys: torch.Tensor | None = None  # [1, Hkv, max_length, hd] view into the cache
+    values: torch.Tensor | None = None  # [1, Hkv, max_length, hd] view into the cache
+    slots: torch.Tensor | None = None  # [2 * Hkv, max_length, hd] this layer's cache (keys, then values), for writing
 
 
 class LlamaBackend:
@@ -168,10 +165,6 @@ class LlamaBackend:
         self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH)
         self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self._len = 0
-        self._hidden_scale: torch.Tensor | None = None  # [D] undoes the LM head's smoothing on returned hidden
-        self._native = None  # int8: the compiled forward pass (int8.native_forward), when it could be built
-        self._keys_t: torch.Tensor | None = None  # the native pass's transposed keys (int8.native_forward)
-        self.kernel_timings: dict[str, float] = {}  # int8: one-token forward time per one-row kernel tried
 
         def weight(name: str) -> torch.Tensor:
             return state[name].detach().to(dtype)
@@ -180,13 +173,9 @@ class LlamaBackend:
             biases = [weight(f"{name}.bias") for name in projections] if has_bias else None
             return _Linear.from_parts([weight(f"{name}.weight") for name in projections], biases)
 
-        hd, hkv = shape.head_dim, shape.num_kv_heads
-        # Keys then values for each slot; every layer gets views for writing and for attention.
-        self._cache = torch.zeros(shape.num_layers, 2 * hkv, self.max_length, hd, dtype=dtype)
         self._layers = []
         for i in range(shape.num_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            slots = self._cache[i]
             self._layers.append(
                 _Layer(
                     attn_norm=weight(f"model.layers.{i}.input_layernorm.weight"),
@@ -195,11 +184,9 @@ class LlamaBackend:
                     mlp_norm=weight(f"model.layers.{i}.post_attention_layernorm.weight"),
                     gate_up=linear([mlp + "gate_proj", mlp + "up_proj"], shape.mlp_bias),
                     down=linear([mlp + "down_proj"], shape.mlp_bias),
-                    keys=slots[:hkv].unsqueeze(0),
-                    values=slots[hkv:].unsqueeze(0),
-                    slots=slots,
                 )
             )
+        self._allocate_cache(dtype)
         self._embed = weight("model.embed_tokens.weight")  # [V, D]
         self._norm = weight("model.norm.weight")  # [D]
         tied = shape.tie_word_embeddings or "lm_head.weight" not in state
@@ -210,52 +197,28 @@ class LlamaBackend:
         self._sin = torch.cat((-angles.sin(), angles.sin()), -1).to(dtype)  # [P, hd]
 
     @classmethod
-    def from_pretrained(
-        cls, model_dir: str | Path, max_length: int | None = None, dtype: str = "fp32",
-        calibration: Sequence[Sequence[int]] = (), int8_state: Mapping[str, torch.Tensor] | None = None,
-    ) -> LlamaBackend:
-        """Load ``config.json`` and ``model.safetensors`` from a Hugging Face style directory; ``dtype`` is one of
-        ``DTYPES`` (int8 wants ``calibration`` token sequences or a saved ``int8_state``, see ``quantize_int8``)."""
+    def from_pretrained(cls, model_dir: str | Path, max_length: int | None = None, **kwargs: Any) -> LlamaBackend:
+        """Load ``config.json`` and ``model.safetensors`` from a Hugging Face style directory (extra keyword
+        arguments go to the class's constructor, e.g. the int8 backend's calibration)."""
         from safetensors.torch import load_file
 
-        if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; LlamaBackend offers {', '.join(DTYPES)}")
         model_dir = Path(model_dir)
         config = json.loads((model_dir / "config.json").read_text())
-        backend = cls(LlamaShape.from_config(config), load_file(model_dir / "model.safetensors"), max_length)
-        if dtype == "int8":
-            backend.quantize_int8(calibration, int8_state)
-        return backend
+        return cls(LlamaShape.from_config(config), load_file(model_dir / "model.safetensors"), max_length, **kwargs)
 
     @classmethod
-    def from_hf(cls, hf_model: Any, max_length: int | None = None) -> LlamaBackend:
+    def from_hf(cls, hf_model: Any, max_length: int | None = None, **kwargs: Any) -> LlamaBackend:
         """Copy the weights of a loaded ``transformers.LlamaForCausalLM`` (kept in its dtype)."""
         state = hf_model.state_dict()
         dtype = state["model.embed_tokens.weight"].dtype
-        return cls(LlamaShape.from_config(hf_model.config.to_dict()), state, max_length, dtype)
+        return cls(LlamaShape.from_config(hf_model.config.to_dict()), state, max_length, dtype, **kwargs)
 
-    def quantize_int8(self, calibration: Sequence[Sequence[int]] = (),
-                      state: Mapping[str, torch.Tensor] | None = None) -> LlamaBackend:
-        """Turn every projection and the LM head into ``int8.Int8Linear``: from fp32 with SmoothQuant factors
-        calibrated on ``calibration`` token sequences, or from a ``state`` saved by ``int8.export_state``."""
-        if self.dtype != "fp32":
-            raise ValueError(f"quantize_int8 needs fp32 weights, this backend holds {self.dtype}")
-        if state is not None:
-            int8.import_state(self, state)
-        else:
-            int8.quantize_backend(self, calibration)
-        self.dtype = "int8"
-        self._cache_in(torch.float32)
-        self._native = int8.native_forward(self)  # exact per-row attention in float32 loops
-        if self._native is None:
-            self._cache_in(torch.float64)  # the PyTorch path's exact attention reads it as it is (_exact_attention)
-        self.kernel_timings = int8.choose_one_row_kernel(self)
-        return self
-
-    def _cache_in(self, dtype: torch.dtype) -> None:
-        """Reallocate the (empty) KV cache in ``dtype`` and point every layer's views at it."""
+    def _allocate_cache(self, dtype: torch.dtype, length: int | None = None) -> None:
+        """A new, empty KV cache of ``length`` slots (default max_length) in ``dtype``; every layer's views."""
         hkv = self.shape.num_kv_heads
-        self._cache = torch.zeros(self._cache.shape, dtype=dtype)
+        length = self.max_length if length is None else length
+        # Keys then values for each slot; every layer gets views for writing and for attention.
+        self._cache = torch.zeros(self.num_layers, 2 * hkv, length, self.shape.head_dim, dtype=dtype)
         self._len = 0
         for layer, slots in zip(self._layers, self._cache):
             layer.slots = slots
@@ -264,23 +227,11 @@ class LlamaBackend:
     @property
     def kernels(self) -> str:
         """Names what the forward runs on, for caches of measured speed (a new kernel measures anew)."""
-        if self.dtype != "int8":
-            return self.dtype
-        from paradecode.backends import native
-
-        return f"int8-v{int8.FORMAT}" + (f"-native-{native.build_key()}" if self._native is not None else "")
+        return self.dtype
 
     def stage_seconds(self, work: Callable[[], Any]) -> dict[str, float] | None:
-        """Run ``work`` (forwards on this backend) with the native pass timing its stages: seconds per stage
-        (norm, quantize, gemm, dequantize, rope+kv, attention, silu*up, lm head), or None without it."""
-        if self._native is None:
-            return None
-        self._native.set_profiling(True)
-        try:
-            work()
-            return dict(self._native.stage_seconds())
-        finally:
-            self._native.set_profiling(False)
+        """Seconds per stage of the forwards ``work`` runs, where the backend has a stage clock (else None)."""
+        return None
 
     @property
     def cache_len(self) -> int:
@@ -301,20 +252,37 @@ class LlamaBackend:
         if keep != list(range(len(keep))):
             kept = torch.tensor(keep) + start  # [K] slots to move to start, start+1, ...
             self._cache[:, :, start : start + len(keep)] = self._cache[:, :, kept]
-            if self._native is not None:
-                self._native.refresh_keys(start, len(keep))  # its transposed copy of the keys
         self._len = start + len(keep)
 
-    @staticmethod
-    def _exact_attention(q: torch.Tensor, layer: _Layer, end: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention of a few new tokens, q [T, Hq, hd], in float64 over the float64 cache -> [T, Hq * hd]
-        float32. A row's result then does not depend on how many rows share the pass or how many masked keys
-        follow its own: the float64 sums differ in their last bits at most, far below float32's rounding."""
+    def _attention(self, q: torch.Tensor, layer: _Layer, end: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """q [T, Hq, hd] (RoPE applied) against the cache's first ``end`` slots -> [T, Hq * hd]."""
         t = q.shape[0]
-        q = q.transpose(0, 1).unsqueeze(0).double()  # [1, Hq, T, hd]
+        q = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, T, hd]
         attn = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
-                                              enable_gqa=True)  # [1, Hq, T, hd] float64
-        return attn[0].transpose(0, 1).reshape(t, -1).float()
+                                              enable_gqa=True)  # [1, Hq, T, hd]
+        return attn[0].transpose(0, 1).reshape(t, -1)
+
+    def _returned_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm's output as callers see it (a quantized variant undoes what it folded into it)."""
+        return hidden
+
+    def _check_pass(self, t: int, mask: torch.Tensor | None, exit_layer: int | None,
+                    layers: Sequence[int] | None) -> list[int]:
+        """Check a forward's arguments against the cache; returns the indices of the layers to run."""
+        end = self._len + t
+        if end > self.max_length:
+            raise ValueError(f"{end} tokens do not fit the cache (max_length {self.max_length})")
+        if mask is not None and mask.shape != (t, end):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
+        if exit_layer is not None and not 0 <= exit_layer <= self.num_layers:
+            raise ValueError(f"exit_layer must be in [0, {self.num_layers}], got {exit_layer}")
+        if layers is None:
+            return list(range(self.num_layers))[:exit_layer]
+        if exit_layer is not None:
+            raise ValueError("give exit_layer or layers, not both")
+        if any(b <= a for a, b in zip(layers, layers[1:])) or any(not 0 <= i < self.num_layers for i in layers):
+            raise ValueError(f"layers must be ascending indices in [0, {self.num_layers}), got {list(layers)}")
+        return list(layers)
 
     @torch.inference_mode()
     def forward(
@@ -330,27 +298,7 @@ class LlamaBackend:
     ) -> ForwardOutput:
         t, start = token_ids.shape[0], self._len
         end = start + t
-        if end > self.max_length:
-            raise ValueError(f"{end} tokens do not fit the cache (max_length {self.max_length})")
-        if exit_layer is not None and not 0 <= exit_layer <= self.num_layers:
-            raise ValueError(f"exit_layer must be in [0, {self.num_layers}], got {exit_layer}")
-        if layers is None:
-            run_layers = self._layers[:exit_layer]
-        elif exit_layer is not None:
-            raise ValueError("give exit_layer or layers, not both")
-        elif any(b <= a for a, b in zip(layers, layers[1:])) or any(not 0 <= i < self.num_layers for i in layers):
-            raise ValueError(f"layers must be ascending indices in [0, {self.num_layers}), got {list(layers)}")
-        else:
-            run_layers = [self._layers[i] for i in layers]
-        if mask is not None and mask.shape != (t, end):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
-        if self._native is not None:  # None stays None: the native pass is causal without a mask
-            indices = range(self.num_layers) if layers is None else layers
-            hidden, scores = self._native.forward(token_ids, start, positions, mask, list(indices)[:exit_layer],
-                                                  logits)
-            self._len = end
-            return ForwardOutput(logits=scores if logits else None,
-                                 hidden=hidden * self._hidden_scale if return_hidden else None)
+        run_layers = [self._layers[i] for i in self._check_pass(t, mask, exit_layer, layers)]
         if mask is None:
             mask = causal_mask(start, t) if t > 1 else None  # one new token may see everything
         if positions is None:
@@ -362,10 +310,6 @@ class LlamaBackend:
         s = self.shape
         hq, hkv, hd, d, half = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size, s.head_dim // 2
         few_rows = t <= FEW_ROWS
-        # int8 turns a last-bit difference in an activation into a whole quantization step, so the few-token
-        # passes of decoding and verification must agree to the bit: their attention runs in float64 (see
-        # _exact_attention); a long prefill keeps the fast fp32 kernel (its rows are never compared).
-        exact_attention = self.dtype == "int8" and t <= EXACT_ATTENTION_ROWS
         x = F.embedding(token_ids, self._embed)  # [T, D]
         for layer in run_layers:
             h = F.rms_norm(x, (d,), layer.attn_norm, s.rms_norm_eps)  # [T, D]
@@ -374,15 +318,7 @@ class LlamaBackend:
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # RoPE on queries and keys together
             layer.slots[:hkv, start:end] = qk[:, hq:].transpose(0, 1)
             layer.slots[hkv:, start:end] = qkv[:, hq + hkv :].transpose(0, 1)
-            if exact_attention:
-                attn = self._exact_attention(qk[:, :hq], layer, end, mask)  # [T, Hq * hd]
-            else:
-                q = qk[:, :hq].transpose(0, 1).unsqueeze(0)  # [1, Hq, T, hd]
-                keys, values = layer.keys[:, :, :end], layer.values[:, :, :end]  # [1, Hkv, C+T, hd]
-                if keys.dtype != q.dtype:  # the int8 backend's float64 cache, in a long prefill
-                    keys, values = keys.to(q.dtype), values.to(q.dtype)
-                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True
-                                                      )[0].transpose(0, 1).reshape(t, hq * hd)  # [T, Hq * hd]
+            attn = self._attention(qk[:, :hq], layer, end, mask)  # [T, Hq * hd]
             x = layer.o.add_to(x, attn, few_rows)  # [T, D]
             h = F.rms_norm(x, (d,), layer.mlp_norm, s.rms_norm_eps)
             gate, up = layer.gate_up(h, few_rows).chunk(2, dim=-1)  # [T, I] each
@@ -390,7 +326,5 @@ class LlamaBackend:
         self._len = end
         hidden = F.rms_norm(x, (d,), self._norm, s.rms_norm_eps)  # [T, D]
         scores = self._lm_head.wide(hidden).float() if logits else None  # [T, V]
-        if return_hidden and self._hidden_scale is not None:
-            hidden = hidden * self._hidden_scale  # the final norm's output before smoothing
-        return ForwardOutput(logits=scores, hidden=hidden if return_hidden else None)
+        return ForwardOutput(logits=scores, hidden=self._returned_hidden(hidden) if return_hidden else None)
 

@@ -26,7 +26,7 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("int8_forward.cpp")
-HEADERS = ("lanes.h", "projection.h")  # included by SOURCE; part of the build key
+HEADERS = ("lanes.h", "projection.h", "gemm.h", "attention.h")  # included by SOURCE; part of the build key
 # -ffp-contract=off: no fused multiply-adds chosen by the compiler, so a loop's vectorized body and its scalar
 # tail round alike (the per-row exactness of the forward must not depend on where a row starts in memory).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
@@ -90,15 +90,19 @@ def check(key: str, build_dir: str, source: str) -> None:
     def projection(n: int, k: int, precise: bool = False) -> tuple:
         return torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5, None, None, precise
 
+    page = 16
     forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
-                                 torch.zeros(slots, hd), torch.zeros(1, 2 * kv, slots, hd),
-                                 torch.zeros(1, kv, -(-slots // 16), hd, 16))
+                                 torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd),
+                                 torch.zeros(1, kv, 2 * page // 16, hd, 16), page)
     forward.add_layer(torch.ones(d), torch.ones(d), projection((heads + 2 * kv) * hd, d), projection(d, heads * hd),
                       projection(2 * inter, d), projection(d, inter, precise=True))
     forward.set_head(projection(vocab, d, precise=True))
-    _, logits = forward.forward(torch.tensor([1, 2, 3]), 0, None, None, [0], True)
-    if not torch.isfinite(logits).all():
-        raise SystemExit("the native forward returned non-finite logits")
+    pages = torch.tensor([1, 0], dtype=torch.int32)
+    for kernel in forward.kernels():
+        forward.set_kernels([kernel] * 3)
+        _, logits = forward.forward(torch.tensor([1, 2, 3]), torch.arange(3), [(pages, 0, 3, None)], [0], True)
+        if not torch.isfinite(logits).all():
+            raise SystemExit(f"the native forward returned non-finite logits with the {kernel} kernel")
 
 
 def _build(key: str) -> ModuleType | None:

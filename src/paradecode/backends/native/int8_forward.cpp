@@ -1,16 +1,18 @@
 // The int8 Llama forward pass in one native call (see paradecode/backends/native/__init__.py).
 //
-// The Python forward spends more time dispatching ~75 small tensor ops per layer than multiplying: at one
-// token, a SmolLM2-135M forward is ~3 ms of int8 GEMMs and ~7 ms of everything else. Here every step but the
-// GEMMs is a plain loop over the rows (RMSNorm fused with the per-token int8 quantization, RoPE, the KV write,
-// attention, SiLU-times-up fused with the residual quantization, dequantization fused with the residual add),
-// and the GEMMs are the same exact int8 kernels the Python path uses (fbgemm's prepacked GEMM, or
-// torch._int_mm for one row), called directly.
+// Every step is a loop over raw rows: RMSNorm, per-token int8 quantization (projection.h), the exact int8 GEMMs
+// (gemm.h, or fbgemm / torch._int_mm where timing at load says they are faster), RoPE and the KV write,
+// attention over a paged cache (attention.h), SiLU-times-up, dequantization with the residual add.
 //
-// Exactness: every loop works on one row at a time, in an order that does not depend on how many rows share
-// the pass. Attention gathers the keys a row may see (its mask row) and reduces over them in slot order, so a
-// verified draft row computes bit for bit what a one-token forward of the same token computes later. That is
-// what keeps speculative decoding on this backend equal to plain decoding.
+// Exactness: every row is computed on its own, in an order that does not depend on how many rows share the
+// pass or which sequences they come from: integer sums are exact in any kernel, and the float loops reduce in a
+// fixed order per row. A verified draft row therefore computes bit for bit what a one-token forward of the same
+// token computes later, whatever else is in the batch. That is what keeps speculative decoding on this backend
+// equal to plain decoding, and a request's answer the same alone or batched.
+//
+// The cache: values [layers, Hkv, slots, hd] and keys transposed in 16-slot blocks [layers, Hkv, slots / 16,
+// hd, 16], both addressed by physical slot; each sequence maps its logical slots to physical pages of
+// `page` slots through its page table (a single sequence may simply own all pages in order).
 
 #include <torch/extension.h>
 
@@ -20,46 +22,80 @@
 #include <string>
 #include <vector>
 
+#include "attention.h"
 #include "lanes.h"
 #include "projection.h"
 
 namespace paradecode {
 
-constexpr int kSlots = 4 * kLanes;  // attention scores computed together (each still sums over its key in order)
-constexpr int64_t kParallelWork = 32768;  // multiply-adds per attention task (threads take at least this)
-
 class Int8Forward {
  public:
   Int8Forward(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, at::Tensor embed, at::Tensor norm,
-              at::Tensor cos, at::Tensor sin, at::Tensor cache, at::Tensor keys_t)
-      : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()),
-        norm_(norm.contiguous()), cos_(cos.contiguous()), sin_(sin.contiguous()), cache_(cache), keys_t_(keys_t) {
-    TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat, "cache must be contiguous float32");
+              at::Tensor cos, at::Tensor sin, at::Tensor values, at::Tensor keys_t, int64_t page)
+      : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()), norm_(norm.contiguous()),
+        cos_(cos.contiguous()), sin_(sin.contiguous()), values_(values), keys_t_(keys_t) {
+    TORCH_CHECK(values.is_contiguous() && values.scalar_type() == at::kFloat && values.dim() == 4 &&
+                    values.size(1) == kv_heads && values.size(3) == head_dim,
+                "values must be a contiguous float32 [layers, kv_heads, slots, head_dim]");
     TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kFloat && keys_t.dim() == 5 &&
-                    keys_t.size(2) * kLanes >= cache.size(2) && keys_t.size(3) == head_dim && keys_t.size(4) == kLanes,
+                    keys_t.size(2) * kLanes == values.size(2) && keys_t.size(3) == head_dim && keys_t.size(4) == kLanes,
                 "keys_t must be a contiguous float32 [layers, kv_heads, slots / 16, head_dim, 16]");
+    TORCH_CHECK(page >= kLanes && (page & (page - 1)) == 0 && values.size(2) % page == 0,
+                "the page size must be a power of two of at least 16 slots that divides the cache");
     TORCH_CHECK(hq_ % hkv_ == 0, "query heads must be a multiple of kv heads");
+    page_shift_ = 0;
+    while ((int64_t{1} << page_shift_) < page) ++page_shift_;
+    kernels_.fill(kOwn);
   }
 
   void add_layer(at::Tensor attn_norm, at::Tensor mlp_norm, const py::tuple& qkv, const py::tuple& o,
                  const py::tuple& gate_up, const py::tuple& down) {
-    Layer layer{attn_norm.contiguous(), mlp_norm.contiguous(), projection(qkv), projection(o),
-                projection(gate_up), projection(down)};
-    layers_.push_back(std::move(layer));
+    layers_.push_back(Layer{attn_norm.contiguous(), mlp_norm.contiguous(), projection(qkv), projection(o),
+                            projection(gate_up), projection(down)});
   }
 
   void set_head(const py::tuple& head) { head_ = projection(head); }
 
-  // Rewrite the transposed keys of slots [start, start + count) from the cache (after commit moved slots).
-  void refresh_keys(int64_t start, int64_t count) {
-    const int64_t layers = cache_.size(0), cap = cache_.size(2);
-    TORCH_CHECK(start >= 0 && count >= 0 && start + count <= cap, "slots out of range");
+  // The kernels this build and these weights offer (fbgemm only where PyTorch could prepack every weight).
+  std::vector<std::string> kernels() const {
+    std::vector<std::string> out = {kKernelNames[kOwn]};
+    bool fbgemm = static_cast<bool>(head_.packed);
+    for (const auto& layer : layers_)
+      for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) fbgemm &= static_cast<bool>(p->packed);
+    if (fbgemm) out.push_back(kKernelNames[kFbgemm]);
+    out.push_back(kKernelNames[kIntMm]);
+    return out;
+  }
+
+  // One kernel name per bucket (one token, verify widths, longer passes).
+  void set_kernels(const std::vector<std::string>& names) {
+    TORCH_CHECK(static_cast<int>(names.size()) == kBuckets, "give one kernel per bucket");
+    const auto offered = kernels();
+    for (int b = 0; b < kBuckets; ++b) {
+      TORCH_CHECK(std::find(offered.begin(), offered.end(), names[b]) != offered.end(), "kernel ", names[b],
+                  " is not available here");
+      for (int k = 0; k < kKernelCount; ++k)
+        if (names[b] == kKernelNames[k]) kernels_[b] = static_cast<Kernel>(k);
+    }
+  }
+
+  static std::string isa() { return gemm_isa(); }
+
+  // Copy the cache entries of physical slots src[i] to dst[i], in order (commit moves kept slots down).
+  void move_slots(const at::Tensor& src, const at::Tensor& dst) {
+    TORCH_CHECK(src.numel() == dst.numel(), "src and dst differ in length");
+    const int64_t* sp = src.data_ptr<int64_t>();
+    const int64_t* dp = dst.data_ptr<int64_t>();
+    const int64_t layers = values_.size(0);
     for (int64_t layer = 0; layer < layers; ++layer) {
-      const float* keys = cache_[layer].data_ptr<float>();  // key heads first: [Hkv, P, hd]
-      float* kt = keys_t_[layer].data_ptr<float>();
+      const LayerCache cache = layer_cache(layer);
       for (int64_t g = 0; g < hkv_; ++g) {
-        for (int64_t j = start; j < start + count; ++j) {
-          for (int64_t c = 0; c < hd_; ++c) kt[key_index(g, j, c)] = keys[(g * cap + j) * hd_ + c];
+        for (int64_t i = 0; i < src.numel(); ++i) {
+          if (sp[i] == dp[i]) continue;
+          std::copy(cache.value(g, sp[i]), cache.value(g, sp[i]) + hd_, cache.value(g, dp[i]));
+          const float* from = cache.key_block(g, sp[i]) + sp[i] % kLanes;
+          float* to = cache.key_block(g, dp[i]) + dp[i] % kLanes;
+          for (int64_t c = 0; c < hd_; ++c) to[c * kLanes] = from[c * kLanes];
         }
       }
     }
@@ -77,55 +113,56 @@ class Int8Forward {
     return out;
   }
 
-  void set_packed_one_row(bool value) {
-    for (auto& layer : layers_) {
-      for (Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) p->packed_one_row = value;
-    }
-    head_.packed_one_row = value;
-  }
-
-  // ids [T] int64, rows start.. of the cache; positions [T] (RoPE) or None; mask [T, start+T] bool or None
-  // (causal); layers: indices to run. Returns (final-normed hidden [T, D], logits [T, V] or undefined).
-  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& ids, int64_t start, std::optional<at::Tensor> positions,
-                                             std::optional<at::Tensor> mask, const std::vector<int64_t>& layers,
+  // ids [T] int64 and positions [T] int64 (RoPE); segments: (page table int32 [pages], start, count, mask
+  // [count, start + count] bool or None) whose counts add up to T, rows in segment order; layers: indices to
+  // run. Returns (final-normed hidden [T, D], logits [T, V] or undefined).
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& ids, const at::Tensor& positions,
+                                             const py::list& segment_list, const std::vector<int64_t>& layers,
                                              bool want_logits) {
     at::NoGradGuard no_grad;
-    const int64_t t = ids.size(0), end = start + t, d = embed_.size(1);
-    TORCH_CHECK(end <= cache_.size(2), "the pass does not fit the cache");
-    at::Tensor pos = positions ? positions->contiguous() : at::arange(start, end, ids.options());
+    const int64_t t = ids.size(0), d = embed_.size(1);
+    TORCH_CHECK(positions.numel() == t && positions.scalar_type() == at::kLong, "positions must be [T] int64");
+    std::vector<at::Tensor> keep_alive;
+    std::vector<Segment> segments = parse_segments(segment_list, t, keep_alive);
+    const at::Tensor pos = positions.contiguous();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    for (int64_t r = 0; r < t; ++r)
+      TORCH_CHECK(pp[r] >= 0 && pp[r] < cos_.size(0), "position ", pp[r], " is outside the RoPE table");
+    py::gil_scoped_release no_gil;  // the segments are read: the rest runs without Python
     at::Tensor x = embed_.index_select(0, ids).contiguous();  // [T, D]
-    at::Tensor h = at::empty_like(x);
-    at::Tensor mask_c;
-    if (mask) mask_c = mask->contiguous();
+    const Kernel kernel = kernels_[bucket_of(t)];
+    h_.resize(t * d);
     clock_.start();
     for (int64_t index : layers) {
-      const Layer& layer = layers_.at(index);
-      at::Tensor slots = cache_[index];  // [2 Hkv, P, hd]
-      at::Tensor keys_t = keys_t_[index];  // [Hkv, P / 16, hd, 16]
-      rms_norm(x, layer.attn_norm, h);
+      TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(layers_.size()), "layer index out of range");
+      const Layer& layer = layers_[index];
+      const LayerCache cache = layer_cache(index);
+      float* xp = x.data_ptr<float>();
+      rms_norm(xp, t, layer.attn_norm, h_.data());
       clock_.lap(kNorm);
-      at::Tensor qkv = at::empty({t, layer.qkv.out_features()}, x.options());
-      layer.qkv.apply(h, qkv, false, clock_);
-      rope_and_store(qkv, pos, slots, keys_t, start);
+      qkv_.resize(t * layer.qkv.out_features());
+      layer.qkv.apply(kernel, h_.data(), t, qkv_.data(), false, clock_, ws_);
+      rope_and_store(qkv_.data(), t, layer.qkv.out_features(), pos.data_ptr<int64_t>(), segments, cache);
       clock_.lap(kRope);
-      at::Tensor attn = attention(qkv, slots, keys_t, start, mask_c);
+      attn_.resize(t * hq_ * hd_);
+      attention(qkv_.data(), layer.qkv.out_features(), segments, cache, t);
       clock_.lap(kAttention);
-      layer.o.apply(attn, x, true, clock_);
-      rms_norm(x, layer.mlp_norm, h);
+      layer.o.apply(kernel, attn_.data(), t, xp, true, clock_, ws_);
+      rms_norm(xp, t, layer.mlp_norm, h_.data());
       clock_.lap(kNorm);
-      at::Tensor gate_up = at::empty({t, layer.gate_up.out_features()}, x.options());
-      layer.gate_up.apply(h, gate_up, false, clock_);
-      at::Tensor act = silu_mul(gate_up);
+      gate_up_.resize(t * layer.gate_up.out_features());
+      layer.gate_up.apply(kernel, h_.data(), t, gate_up_.data(), false, clock_, ws_);
+      silu_mul(t, layer.gate_up.out_features() / 2);
       clock_.lap(kSilu);
-      layer.down.apply(act, x, true, clock_);
+      layer.down.apply(kernel, act_.data(), t, xp, true, clock_, ws_);
     }
     at::Tensor hidden = at::empty_like(x);
-    rms_norm(x, norm_, hidden);
+    rms_norm(x.data_ptr<float>(), t, norm_, hidden.data_ptr<float>());
     at::Tensor logits;  // undefined (None) when not wanted: a prefill skips the LM head
     if (want_logits) {
       logits = at::empty({t, head_.out_features()}, x.options());
       Clock head_clock;
-      head_.apply(hidden, logits, false, head_clock);
+      head_.apply(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), false, head_clock, ws_);
     }
     clock_.lap(kHead);
     return {hidden, logits};
@@ -138,177 +175,149 @@ class Int8Forward {
                            parts[4].cast<bool>());
   }
 
-  void rms_norm(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) const {
-    const int64_t t = x.size(0), d = x.size(1);
-    const float* xp = x.data_ptr<float>();
+  LayerCache layer_cache(int64_t layer) const {
+    return {keys_t_[layer].data_ptr<float>(), values_[layer].data_ptr<float>(), values_.size(2), page_shift_, hd_};
+  }
+
+  std::vector<Segment> parse_segments(const py::list& list, int64_t t, std::vector<at::Tensor>& keep_alive) const {
+    std::vector<Segment> segments;
+    int64_t row = 0;
+    const int64_t page = int64_t{1} << page_shift_, physical_pages = values_.size(2) / page;
+    for (const auto& item : list) {
+      const py::tuple parts = item.cast<py::tuple>();
+      at::Tensor pages = parts[0].cast<at::Tensor>().contiguous();
+      TORCH_CHECK(pages.scalar_type() == at::kInt, "a page table must be int32");
+      const int64_t start = parts[1].cast<int64_t>(), count = parts[2].cast<int64_t>();
+      TORCH_CHECK(start >= 0 && count >= 1 && start + count <= pages.numel() * page,
+                  "a segment's slots must fit its page table");
+      const int32_t* pp = pages.data_ptr<int32_t>();
+      for (int64_t i = 0; i < (start + count + page - 1) / page; ++i)
+        TORCH_CHECK(pp[i] >= 0 && pp[i] < physical_pages, "a page table names a page outside the cache");
+      const bool* mask = nullptr;
+      if (!parts[3].is_none()) {
+        at::Tensor m = parts[3].cast<at::Tensor>().contiguous();
+        TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == count && m.size(1) == start + count,
+                    "a segment's mask must be bool [count, start + count]");
+        mask = m.data_ptr<bool>();
+        keep_alive.push_back(m);
+      }
+      keep_alive.push_back(pages);
+      at::Tensor physical = at::empty({start + count}, at::kLong);  // every layer reads slots through it
+      int64_t* phys = physical.data_ptr<int64_t>();
+      for (int64_t j = 0; j < start + count; ++j)
+        phys[j] = (static_cast<int64_t>(pp[j >> page_shift_]) << page_shift_) | (j & (page - 1));
+      keep_alive.push_back(physical);
+      segments.push_back(Segment{pp, start, count, mask, row, phys});
+      row += count;
+    }
+    TORCH_CHECK(row == t, "the segments' rows do not add up to the pass");
+    return segments;
+  }
+
+  void rms_norm(const float* x, int64_t t, const at::Tensor& weight, float* out) const {
+    const int64_t d = weight.size(0);
     const float* w = weight.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    for (int64_t r = 0; r < t; ++r) {
-      const float* row = xp + r * d;
-      const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
-      for (int64_t c = 0; c < d; ++c) op[r * d + c] = row[c] * inv * w[c];
-    }
-  }
-
-  // Offset of key head g, slot j, dimension c in one layer's transposed keys [Hkv, P / 16, hd, 16]: 16 slots
-  // side by side per dimension, so 16 scores are one vector multiply-add per dimension.
-  int64_t key_index(int64_t g, int64_t j, int64_t c) const {
-    return ((g * keys_t_.size(2) + j / kLanes) * hd_ + c) * kLanes + j % kLanes;
-  }
-
-  // RoPE (rotate-half layout) on the query and key heads of qkv [T, (Hq + 2 Hkv) hd], in place; keys and
-  // values go to cache slots start.. of this layer.
-  void rope_and_store(at::Tensor& qkv, const at::Tensor& pos, at::Tensor& slots, at::Tensor& keys_t,
-                      int64_t start) const {
-    const int64_t t = qkv.size(0), width = qkv.size(1), half = hd_ / 2, cap = slots.size(1);
-    float* qp = qkv.data_ptr<float>();
-    float* cache = slots.data_ptr<float>();
-    float* kt = keys_t.data_ptr<float>();
-    const float* cosp = cos_.data_ptr<float>();
-    const float* sinp = sin_.data_ptr<float>();
-    const int64_t* pp = pos.data_ptr<int64_t>();
-    std::vector<float> rotated(hd_);
-    for (int64_t r = 0; r < t; ++r) {
-      const float* c = cosp + pp[r] * hd_;
-      const float* s = sinp + pp[r] * hd_;
-      for (int64_t head = 0; head < hq_ + hkv_; ++head) {
-        float* v = qp + r * width + head * hd_;
-        for (int64_t i = 0; i < half; ++i) rotated[i] = v[i] * c[i] + v[i + half] * s[i];
-        for (int64_t i = half; i < hd_; ++i) rotated[i] = v[i] * c[i] + v[i - half] * s[i];
-        std::copy(rotated.begin(), rotated.end(), v);
-      }
-      for (int64_t g = 0; g < 2 * hkv_; ++g) {  // key heads, then value heads
-        const float* src = qp + r * width + (hq_ + g) * hd_;
-        std::copy(src, src + hd_, cache + (g * cap + start + r) * hd_);
-      }
-      for (int64_t g = 0; g < hkv_; ++g) {  // and the keys transposed, for attention's slot-vectorized scores
-        const float* src = qp + r * width + (hq_ + g) * hd_;
-        for (int64_t c = 0; c < hd_; ++c) kt[key_index(g, start + r, c)] = src[c];
-      }
-    }
-  }
-
-  // Row by row: each (row, head) scores every slot before the pass's end against the transposed keys (a
-  // vector of slots per head dimension, summed in dimension order), then keeps the slots its mask row allows,
-  // in slot order, for the softmax and the weighted sum of values.
-  at::Tensor attention(const at::Tensor& qkv, const at::Tensor& slots, const at::Tensor& keys_t, int64_t start,
-                       const at::Tensor& mask) const {
-    const int64_t t = qkv.size(0), width = qkv.size(1), cap = slots.size(1), end = start + t;
-    const int64_t group = hq_ / hkv_;
-    at::Tensor out = at::empty({t, hq_ * hd_}, qkv.options());
-    const float* qp = qkv.data_ptr<float>();
-    const float* kt = keys_t.data_ptr<float>();  // [Hkv, P / 16, hd, 16]
-    const float* values = slots.data_ptr<float>() + hkv_ * cap * hd_;  // [Hkv, P, hd]
-    const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
-    float* op = out.data_ptr<float>();
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd_));
-    const int64_t units = t * hq_;
-    const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, end * hd_));
-    at::parallel_for(0, units, grain, [&](int64_t begin, int64_t stop) {
-      std::vector<float> scores((end + kLanes - 1) / kLanes * kLanes), probs(end);
-      std::vector<int64_t> visible(end);
-      for (int64_t unit = begin; unit < stop; ++unit) {
-        const int64_t r = unit / hq_, head = unit % hq_, g = head / group;
-        const float* q = qp + r * width + head * hd_;
-        const float* kg = kt + key_index(g, 0, 0);
-        const int64_t seen = mp ? end : start + r + 1;  // slots that may be visible
-        float* sp = scores.data();
-        // Scores of whole 16-slot blocks (a block's slots past `seen` are scored too and never used): 64 at a
-        // time while they last, then 16; each slot's score is the same chain of multiply-adds either way.
-        const int64_t padded = (seen + kLanes - 1) / kLanes * kLanes;
-        const int64_t next = hd_ * kLanes;  // from one 16-slot block to the next
-        int64_t block = 0;
-        for (; block + kSlots <= padded; block += kSlots) {
-          const float* b0 = kg + key_index(0, block, 0);
-          vf a0{}, a1{}, a2{}, a3{};
-          for (int64_t c = 0; c < hd_; ++c) {
-            const float* kc = b0 + c * kLanes;
-            const vf qc = splat(q[c]);
-            a0 = mul_add(qc, load(kc), a0);
-            a1 = mul_add(qc, load(kc + next), a1);
-            a2 = mul_add(qc, load(kc + 2 * next), a2);
-            a3 = mul_add(qc, load(kc + 3 * next), a3);
-          }
-          store(sp + block, a0);
-          store(sp + block + kLanes, a1);
-          store(sp + block + 2 * kLanes, a2);
-          store(sp + block + 3 * kLanes, a3);
-        }
-        for (; block < padded; block += kLanes) {
-          const float* b0 = kg + key_index(0, block, 0);
-          vf a0{};
-          for (int64_t c = 0; c < hd_; ++c) a0 = mul_add(splat(q[c]), load(b0 + c * kLanes), a0);
-          store(sp + block, a0);
-        }
-        int64_t count = 0;
-        if (mp) {
-          const bool* row = mp + r * end;
-          for (int64_t j = 0; j < end; ++j) if (row[j]) visible[count++] = j;
-        } else {
-          for (int64_t j = 0; j < seen; ++j) visible[count++] = j;
-        }
-        float* pp = probs.data();
-        for (int64_t i = 0; i < count; ++i) pp[i] = sp[visible[i]] * scale;
-        const float top = max_value(pp, count);
-        each(count, [&](int64_t i, auto z) { st(pp + i, exp_approx(ld(pp + i, z) - top)); });
-        const float inv = 1.f / lane_sum(pp, count);
-        float* o = op + r * hq_ * hd_ + head * hd_;
-        const float* vg = values + g * cap * hd_;
-        int64_t chunk = 0;  // output dims in registers (64, then 16, then one), each summed over the slots in order
-        for (; chunk + 4 * kLanes <= hd_; chunk += 4 * kLanes) {
-          vf a0{}, a1{}, a2{}, a3{};
-          for (int64_t i = 0; i < count; ++i) {
-            const float* v = vg + visible[i] * hd_ + chunk;
-            const float p = pp[i];
-            a0 = mul_add(splat(p), load(v), a0);
-            a1 = mul_add(splat(p), load(v + kLanes), a1);
-            a2 = mul_add(splat(p), load(v + 2 * kLanes), a2);
-            a3 = mul_add(splat(p), load(v + 3 * kLanes), a3);
-          }
-          store(o + chunk, a0 * inv);
-          store(o + chunk + kLanes, a1 * inv);
-          store(o + chunk + 2 * kLanes, a2 * inv);
-          store(o + chunk + 3 * kLanes, a3 * inv);
-        }
-        for (; chunk + kLanes <= hd_; chunk += kLanes) {
-          vf acc{};
-          for (int64_t i = 0; i < count; ++i) acc = mul_add(splat(pp[i]), load(vg + visible[i] * hd_ + chunk), acc);
-          store(o + chunk, acc * inv);
-        }
-        for (; chunk < hd_; ++chunk) {
-          float acc = 0.f;
-          for (int64_t i = 0; i < count; ++i) acc = mul_add(pp[i], vg[visible[i] * hd_ + chunk], acc);
-          o[chunk] = acc * inv;
-        }
+    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = x + r * d;
+        const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
+        float* o = out + r * d;
+        each(d, [&](int64_t c, auto z) { st(o + c, ld(row + c, z) * inv * ld(w + c, z)); });
       }
     });
-    return out;
   }
 
-  // gate_up [T, 2I] -> silu(gate) * up [T, I]
-  static at::Tensor silu_mul(const at::Tensor& gate_up) {
-    const int64_t t = gate_up.size(0), inter = gate_up.size(1) / 2;
-    at::Tensor out = at::empty({t, inter}, gate_up.options());
-    const float* gp = gate_up.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    for (int64_t r = 0; r < t; ++r) {
-      const float* g = gp + r * 2 * inter;
-      const float* u = g + inter;
-      float* o = op + r * inter;
-      each(inter, [&](int64_t c, auto z) {
-        const auto gate = ld(g + c, z);
-        st(o + c, gate / (1.f + exp_approx(-gate)) * ld(u + c, z));
+  // RoPE (rotate-half layout) on the query and key heads of qkv [T, width], in place; keys (transposed) and
+  // values go to each row's physical slot.
+  void rope_and_store(float* qkv, int64_t t, int64_t width, const int64_t* pos, const std::vector<Segment>& segments,
+                      const LayerCache& cache) const {
+    const int64_t half = hd_ / 2;
+    const float* cosp = cos_.data_ptr<float>();
+    const float* sinp = sin_.data_ptr<float>();
+    for (const Segment& segment : segments) {
+      at::parallel_for(0, segment.count, 16, [&](int64_t i0, int64_t i1) {
+        std::vector<float> rotated(hd_);
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t r = segment.first_row + i;
+          const float* c = cosp + pos[r] * hd_;
+          const float* s = sinp + pos[r] * hd_;
+          for (int64_t head = 0; head < hq_ + hkv_; ++head) {
+            float* v = qkv + r * width + head * hd_;
+            for (int64_t j = 0; j < half; ++j) rotated[j] = v[j] * c[j] + v[j + half] * s[j];
+            for (int64_t j = half; j < hd_; ++j) rotated[j] = v[j] * c[j] + v[j - half] * s[j];
+            std::copy(rotated.begin(), rotated.end(), v);
+          }
+          const int64_t slot = cache.physical(segment.pages, segment.start + i);
+          for (int64_t g = 0; g < hkv_; ++g) {
+            const float* key = qkv + r * width + (hq_ + g) * hd_;
+            const float* value = qkv + r * width + (hq_ + hkv_ + g) * hd_;
+            std::copy(value, value + hd_, cache.value(g, slot));
+            float* kb = cache.key_block(g, slot) + slot % kLanes;
+            for (int64_t j = 0; j < hd_; ++j) kb[j * kLanes] = key[j];
+          }
+        }
       });
     }
-    return out;
   }
 
-  int64_t hq_, hkv_, hd_;
+  // Work units of attention: (segment, kv head, rows, query heads), small enough to share key loads among
+  // at most kMaxQueries queries, and numerous enough for every thread.
+  struct Unit {
+    int64_t segment, g, r0, r1, h0, h1;
+  };
+
+  void attention(const float* qkv, int64_t width, const std::vector<Segment>& segments, const LayerCache& cache,
+                 int64_t t) {
+    const int64_t group = hq_ / hkv_;
+    const AttentionShape shape{hq_, hkv_, hd_, width};
+    int64_t heads_per_unit = std::min<int64_t>(group, kMaxQueries);
+    if (t * hkv_ < 2 * at::get_num_threads()) heads_per_unit = 1;  // a short pass: split by head to use every thread
+    const int64_t rows_per_unit = std::max<int64_t>(1, kMaxQueries / heads_per_unit);
+    units_.clear();
+    for (int64_t s = 0; s < static_cast<int64_t>(segments.size()); ++s)
+      for (int64_t g = 0; g < hkv_; ++g)
+        for (int64_t r0 = 0; r0 < segments[s].count; r0 += rows_per_unit)
+          for (int64_t h0 = 0; h0 < group; h0 += heads_per_unit)
+            units_.push_back(Unit{s, g, r0, std::min(segments[s].count, r0 + rows_per_unit), h0,
+                                  std::min(group, h0 + heads_per_unit)});
+    float* out = attn_.data();
+    at::parallel_for(0, static_cast<int64_t>(units_.size()), 1, [&](int64_t u0, int64_t u1) {
+      AttentionScratch scratch;
+      for (int64_t u = u0; u < u1; ++u) {
+        const Unit& unit = units_[u];
+        attend(shape, cache, segments[unit.segment], unit.g, unit.r0, unit.r1, unit.h0, unit.h1, qkv, out, scratch);
+      }
+    });
+  }
+
+  // gate_up [T, 2I] -> act [T, I] = silu(gate) * up
+  void silu_mul(int64_t t, int64_t inter) {
+    act_.resize(t * inter);
+    const float* gp = gate_up_.data();
+    float* op = act_.data();
+    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* g = gp + r * 2 * inter;
+        const float* u = g + inter;
+        float* o = op + r * inter;
+        each(inter, [&](int64_t c, auto z) {
+          const auto gate = ld(g + c, z);
+          st(o + c, gate / (1.f + exp_approx(-gate)) * ld(u + c, z));
+        });
+      }
+    });
+  }
+
+  int64_t hq_, hkv_, hd_, page_shift_;
   double eps_;
-  at::Tensor embed_, norm_, cos_, sin_, cache_, keys_t_;
+  at::Tensor embed_, norm_, cos_, sin_, values_, keys_t_;
   std::vector<Layer> layers_;
   Projection head_;
+  std::array<Kernel, kBuckets> kernels_;
   Clock clock_;
+  Workspace ws_;
+  std::vector<float> h_, qkv_, attn_, gate_up_, act_;
+  std::vector<Unit> units_;
 };
 
 }  // namespace paradecode
@@ -317,12 +326,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using paradecode::Int8Forward;
   py::class_<Int8Forward>(m, "Int8Forward")
       .def(py::init<int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    at::Tensor>())
+                    at::Tensor, int64_t>())
       .def("add_layer", &Int8Forward::add_layer)
       .def("set_head", &Int8Forward::set_head)
-      .def("refresh_keys", &Int8Forward::refresh_keys)
-      .def("set_packed_one_row", &Int8Forward::set_packed_one_row)
+      .def("kernels", &Int8Forward::kernels)
+      .def("set_kernels", &Int8Forward::set_kernels)
+      .def_static("isa", &Int8Forward::isa)
+      .def("move_slots", &Int8Forward::move_slots)
       .def("set_profiling", &Int8Forward::set_profiling)
       .def("stage_seconds", &Int8Forward::stage_seconds)
-      .def("forward", &Int8Forward::forward, py::call_guard<py::gil_scoped_release>());
+      .def("forward", &Int8Forward::forward);
 }

@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace paradecode {
 
 // 16 floats in one value: GCC/Clang vector extensions, lowered to whatever the target has (AVX-512, AVX2, SSE).
@@ -20,7 +24,13 @@ constexpr int kLanes = 16;
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
-inline vf splat(float x) { return vf{} + x; }
+inline vf splat(float x) {  // x in every lane (a broadcast, where `vf{} + x` would add 0 first)
+#if defined(__AVX512F__)
+  return (vf)_mm512_set1_ps(x);
+#else
+  return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#endif
+}
 inline vf ld(const float* p, vf) { return load(p); }  // ld/st pick the width from their second argument's type
 inline float ld(const float* p, float) { return *p; }
 inline void st(float* p, vf v) { store(p, v); }
@@ -51,7 +61,9 @@ inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
 inline vf pow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
 
 // a * b + c with one rounding where the CPU has fused multiply-add, on a float and on every lane alike (IEEE
-// fma is exact then rounded, whatever the vector width); two roundings everywhere without it.
+// fma is exact then rounded, whatever the vector width); two roundings everywhere without it. The vector form
+// names the packed instruction explicitly: a loop of scalar fmaf calls is left to the compiler's cost model,
+// which turns it into 16 scalar vfmadd231ss on some -march targets (tests/test_native_isa.py checks the code).
 inline float mul_add(float a, float b, float c) {
 #ifdef __FMA__
   return __builtin_fmaf(a, b, c);
@@ -60,9 +72,21 @@ inline float mul_add(float a, float b, float c) {
 #endif
 }
 inline vf mul_add(vf a, vf b, vf c) {
-#ifdef __FMA__
+#if defined(__AVX512F__)
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) && defined(__AVX__)
+  __m256 a2[2], b2[2], c2[2];
+  std::memcpy(a2, &a, sizeof(a));
+  std::memcpy(b2, &b, sizeof(b));
+  std::memcpy(c2, &c, sizeof(c));
+  c2[0] = _mm256_fmadd_ps(a2[0], b2[0], c2[0]);
+  c2[1] = _mm256_fmadd_ps(a2[1], b2[1], c2[1]);
   vf r;
-  for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  std::memcpy(&r, c2, sizeof(r));
+  return r;
+#elif defined(__FMA__)
+  vf r;
+  for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);  // no vector FMA on this target
   return r;
 #else
   return a * b + c;

@@ -1,16 +1,21 @@
-// One int8 projection of the native forward (fbgemm's prepacked GEMM or torch._int_mm around per-token
-// quantization), and the stage clock of `paradecode profile --stages`.
+// One int8 projection of the native forward: per-token quantization, an exact int8 GEMM (paradecode's own,
+// fbgemm's prepacked or torch._int_mm: the kernel is chosen per pass-size bucket by timing at load, and all three
+// give the same bits), dequantization into the output; and the stage clock of `paradecode profile --stages`.
 #pragma once
 
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <array>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "gemm.h"
 #include "lanes.h"
 
 namespace paradecode {
@@ -35,70 +40,135 @@ struct Clock {
   }
 };
 
+// The GEMM kernels; a pass of T new tokens uses the one chosen for its bucket (one token, a verify width up to
+// kVerifyRows, a longer pass such as a prefill).
+enum Kernel { kOwn, kFbgemm, kIntMm, kKernelCount };
+const char* const kKernelNames[kKernelCount] = {"own", "fbgemm", "int_mm"};
+constexpr int64_t kVerifyRows = 16;
+constexpr int kBuckets = 3;
+inline int bucket_of(int64_t t) { return t == 1 ? 0 : t <= kVerifyRows ? 1 : 2; }
+
+// Reusable buffers of one forward (one backend runs one forward at a time).
+struct Workspace {
+  std::vector<int8_t> q;         // [rows, kq * 4] quantized activations, zero-padded
+  std::vector<float> amax;       // [rows] max |x| of each quantized row
+  std::vector<int32_t> rowsum;   // [rows] sum of each quantized row
+  std::vector<float> y;          // [rows, N] the GEMM's float output before the row scales
+  std::vector<float> residual;   // [K] precise rows: what int8 missed
+};
+
 // One int8 projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row).
 struct Projection {
-  at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm's one-row path)
+  at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)
   at::Tensor scale;     // [N] float32 step / 127
-  c10::intrusive_ptr<LinearPackedParamsBase> packed;  // fbgemm's prepacked weight; null: int_mm only
+  at::Tensor own;       // paradecode's packed weight (gemm.h), uint8
+  at::Tensor own_scale; // [blocks * 16] the scale padded to whole blocks
+  c10::intrusive_ptr<LinearPackedParamsBase> packed;  // fbgemm's prepacked weight; null: no fbgemm here
   std::optional<at::Tensor> bias;  // [N] float32
   bool precise = false;  // activations as int8 + an int8 residual row (for outlier-heavy inputs)
-  bool packed_one_row = false;  // fbgemm for a single row too (chosen by timing at load)
+  int64_t n = 0, k = 0;
 
-  int64_t out_features() const { return scale.size(0); }
-
-  // q [R, K] integer-valued float rows -> [R, N] float32 sums times the weight's step/127 (no row scale yet).
-  at::Tensor raw(const at::Tensor& q) const {
-    if (packed && (q.size(0) > 1 || packed_one_row)) {
-      return packed->apply_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128);
-    }
-    at::Tensor acc = at::_int_mm(q.to(at::kChar), weight_t);  // [R, N] int32
-    return acc.to(at::kFloat).mul_(scale);
+  int64_t out_features() const { return n; }
+  int64_t row_bytes() const { return packed_quads(k) * 4; }
+  PackedInt8 own_weights() const {
+    return {own.data_ptr<uint8_t>(), own_scale.data_ptr<float>(), n, k, packed_quads(k), own_scale.size(0) / kBlockCols};
   }
 
-  // x [T, K] -> out [T, N] (+= when accumulate, else =): quantizes every row (twice when precise), multiplies.
-  void apply(const at::Tensor& x, at::Tensor& out, bool accumulate, Clock& clock) const {
-    const int64_t t = x.size(0), k = x.size(1), n = out_features();
-    const int64_t rows = precise ? 2 * t : t;
-    at::Tensor q = at::empty({rows, k}, x.options());
-    std::vector<float> amax(rows);
-    const float* xp = x.data_ptr<float>();
-    float* qp = q.data_ptr<float>();
-    std::vector<float> residual(precise ? k : 0);
-    for (int64_t r = 0; r < t; ++r) {
-      const float* row = xp + r * k;
-      amax[r] = quantize_row(row, qp + r * k, k);
-      if (precise) {
-        const float step = amax[r] / 127.f;
-        for (int64_t c = 0; c < k; ++c) residual[c] = row[c] - qp[r * k + c] * step;
-        amax[t + r] = quantize_row(residual.data(), qp + (t + r) * k, k);
+  // Quantize every row of x [T, K] (twice when precise: the row, then what it missed) into ws.q / amax / rowsum.
+  int64_t quantize(const float* x, int64_t t, Workspace& ws) const {
+    const int64_t rows = precise ? 2 * t : t, stride = row_bytes();
+    ws.q.resize(rows * stride);
+    ws.amax.resize(rows);
+    ws.rowsum.resize(rows);
+    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+      std::vector<float> qf(k), residual(precise ? k : 0);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = x + r * k;
+        ws.amax[r] = quantize_row(row, qf.data(), k);
+        ws.rowsum[r] = to_int8(qf.data(), ws.q.data() + r * stride, k, stride);
+        if (precise) {
+          const float step = ws.amax[r] / 127.f;
+          for (int64_t c = 0; c < k; ++c) residual[c] = row[c] - qf[c] * step;
+          ws.amax[t + r] = quantize_row(residual.data(), qf.data(), k);
+          ws.rowsum[t + r] = to_int8(qf.data(), ws.q.data() + (t + r) * stride, k, stride);
+        }
       }
+    });
+    return rows;
+  }
+
+  // Integer-valued floats -> int8, zero-padded to `stride` bytes; returns their sum.
+  static int32_t to_int8(const float* qf, int8_t* q, int64_t k, int64_t stride) {
+    int32_t sum = 0;
+    for (int64_t c = 0; c < k; ++c) {
+      const int32_t v = static_cast<int32_t>(qf[c]);
+      q[c] = static_cast<int8_t>(v);
+      sum += v;
     }
+    std::fill(q + k, q + stride, 0);
+    return sum;
+  }
+
+  // ws.q rows -> ws.y [rows, N]: float(sum) * scale per column, by `kernel`.
+  void multiply(Kernel kernel, int64_t rows, Workspace& ws) const {
+    ws.y.resize(rows * n);
+    if (kernel == kFbgemm && packed) {
+      at::Tensor qf = at::empty({rows, k}, at::kFloat);
+      float* dst = qf.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < k; ++c) dst[r * k + c] = ws.q[r * row_bytes() + c];
+      at::Tensor out = at::from_blob(ws.y.data(), {rows, n}, at::kFloat);
+      out.copy_(packed->apply_with_input_q_dq_qweight_dq_output_fp32(qf, 1.0, 128));
+    } else if (kernel == kIntMm) {
+      at::Tensor q8 = at::empty({rows, k}, at::kChar);
+      int8_t* dst = q8.data_ptr<int8_t>();
+      for (int64_t r = 0; r < rows; ++r) std::copy(&ws.q[r * row_bytes()], &ws.q[r * row_bytes()] + k, dst + r * k);
+      at::Tensor out = at::from_blob(ws.y.data(), {rows, n}, at::kFloat);
+      out.copy_(at::_int_mm(q8, weight_t).to(at::kFloat).mul_(scale));
+    } else {
+      const PackedInt8 w = own_weights();
+      const int8_t* q = ws.q.data();
+      const int32_t* rowsum = ws.rowsum.data();
+      float* y = ws.y.data();
+      const int64_t stride = row_bytes();
+      at::parallel_for(0, w.blocks, 1, [&](int64_t b0, int64_t b1) {
+        std::vector<float> spill(kMaxTileRows * kBlockCols);
+        int8_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill.data());
+      });
+    }
+  }
+
+  // x [T, K] -> out [T, N] (+= when accumulate, else =).
+  void apply(Kernel kernel, const float* x, int64_t t, float* out, bool accumulate, Clock& clock,
+             Workspace& ws) const {
+    const int64_t rows = quantize(x, t, ws);
     clock.lap(kQuantize);
-    at::Tensor y = raw(q);  // [rows, N]
+    multiply(kernel, rows, ws);
     clock.lap(kGemm);
-    const float* yp = y.data_ptr<float>();
-    float* op = out.data_ptr<float>();
+    const float* yp = ws.y.data();
     const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-    for (int64_t r = 0; r < t; ++r) {
-      float* o = op + r * n;
-      const float* y0 = yp + r * n;
-      const float a0 = amax[r];
-      if (precise) {
-        const float* y1 = yp + (t + r) * n;
-        const float a1 = amax[t + r];
-        for (int64_t c = 0; c < n; ++c) {
-          float v = y0[c] * a0 + y1[c] * a1;
-          if (bp) v += bp[c];
-          o[c] = accumulate ? o[c] + v : v;
-        }
-      } else {
-        for (int64_t c = 0; c < n; ++c) {
-          float v = y0[c] * a0;
-          if (bp) v += bp[c];
-          o[c] = accumulate ? o[c] + v : v;
+    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* o = out + r * n;
+        const float* y0 = yp + r * n;
+        const float a0 = ws.amax[r];
+        if (precise) {
+          const float* y1 = yp + (t + r) * n;
+          const float a1 = ws.amax[t + r];
+          for (int64_t c = 0; c < n; ++c) {
+            float v = y0[c] * a0 + y1[c] * a1;
+            if (bp) v += bp[c];
+            o[c] = accumulate ? o[c] + v : v;
+          }
+        } else {
+          for (int64_t c = 0; c < n; ++c) {
+            float v = y0[c] * a0;
+            if (bp) v += bp[c];
+            o[c] = accumulate ? o[c] + v : v;
+          }
         }
       }
-    }
+    });
     clock.lap(kDequantize);
   }
 };
@@ -108,20 +178,28 @@ struct Layer {
   Projection qkv, o, gate_up, down;
 };
 
-c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {
+inline c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {
   if (packed.is_none()) return {};
   c10::IValue value = torch::jit::toIValue(packed, c10::getCustomClassType<c10::intrusive_ptr<LinearPackedParamsBase>>());
   return value.toCustomClass<LinearPackedParamsBase>();
 }
 
-Projection make_projection(at::Tensor weight, at::Tensor step, const py::object& packed,
-                           std::optional<at::Tensor> bias, bool precise) {
-  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "weight must be [N, K] int8");
+inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::object& packed,
+                                  std::optional<at::Tensor> bias, bool precise) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2 && weight.is_contiguous(),
+              "weight must be a contiguous [N, K] int8 tensor");
   Projection p;
+  p.n = weight.size(0);
+  p.k = weight.size(1);
   p.weight_t = weight.t();
-  p.scale = (step / 127.0).contiguous();
+  p.scale = (step / 127.0).to(at::kFloat).contiguous();
+  p.own = at::empty({packed_bytes(p.n, p.k)}, at::kByte);
+  pack_int8(weight.data_ptr<int8_t>(), p.n, p.k, p.own.data_ptr<uint8_t>());
+  const int64_t blocks = (p.n + kBlockCols - 1) / kBlockCols;
+  p.own_scale = at::zeros({blocks * kBlockCols}, at::kFloat);
+  p.own_scale.narrow(0, 0, p.n).copy_(p.scale);
   p.packed = unwrap_packed(packed);
-  if (bias) p.bias = bias->contiguous();
+  if (bias) p.bias = bias->to(at::kFloat).contiguous();
   p.precise = precise;
   return p;
 }

@@ -1,0 +1,294 @@
+// Exact attention over a paged KV cache, for the native int8 forward (no torch types: tests compile it alone).
+//
+// A pass's rows belong to segments, one per sequence; a segment's slots are logical (0 .. start + count) and map
+// to physical cache slots through its page table. Every score is one chain of multiply-adds over the head
+// dimensions in order, every output lane one chain over the row's visible slots in slot order, and the softmax
+// sums in a fixed order over the visible slots: so a row's bits depend on its query, its visible slots and
+// the cache contents only, never on how many rows, heads or sequences share the pass. Work is shared where it
+// cannot change a bit: the query heads of one kv head and several rows score against each key block loaded
+// once, and the weighted sum runs over the slots all of them see before each goes on alone.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "lanes.h"
+
+namespace paradecode {
+
+// The rows of one sequence in a pass. Row i of the segment (pass row first_row + i) sits at logical slot
+// start + i and sees the logical slots its mask row allows (mask [count, start + count], row-major), or with no
+// mask the slots up to and including its own.
+struct Segment {
+  const int32_t* pages;  // physical page of each logical page
+  int64_t start;
+  int64_t count;
+  const bool* mask;  // nullptr: causal
+  int64_t first_row;
+  const int64_t* physical;  // [start + count] the physical slot of each logical slot (from `pages`)
+};
+
+// One layer's cache: keys transposed in 16-slot blocks [Hkv, slots / 16, hd, 16], values [Hkv, slots, hd].
+struct LayerCache {
+  float* keys_t;
+  float* values;
+  int64_t slots;       // physical slots (a multiple of the page size)
+  int64_t page_shift;  // a page holds 2^page_shift slots, a multiple of kLanes
+  int64_t head_dim;
+  int64_t physical(const int32_t* pages, int64_t logical) const {
+    return (static_cast<int64_t>(pages[logical >> page_shift]) << page_shift) |
+           (logical & ((int64_t{1} << page_shift) - 1));
+  }
+  float* key_block(int64_t kv_head, int64_t physical_slot) const {  // the 16-slot block holding this slot
+    return keys_t + (kv_head * (slots / kLanes) + physical_slot / kLanes) * head_dim * kLanes;
+  }
+  float* value(int64_t kv_head, int64_t physical_slot) const {
+    return values + (kv_head * slots + physical_slot) * head_dim;
+  }
+};
+
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim, row_width;  // row_width: floats per row of the qkv input
+};
+
+constexpr int kMaxQueries = 8;   // queries scored together against one key block
+constexpr int kPvQueries = 4;    // queries summed together over one value row (4 x 64 lanes in registers)
+
+// Scores of NQ queries (hd floats each) against the 16-slot blocks covering logical slots [0, seen):
+// scores[i * padded + slot]; slots past `seen` inside the last block are scored too.
+template <int NQ>
+inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q,
+                         int64_t seen, float* scores, int64_t padded) {
+  const int64_t hd = cache.head_dim;
+  int64_t block = 0;
+  // Two blocks at a time while they last (twice the independent sums in flight), then one.
+  for (; block + kLanes < seen; block += 2 * kLanes) {
+    const float* k0 = cache.key_block(g, cache.physical(pages, block));
+    const float* k1 = cache.key_block(g, cache.physical(pages, block + kLanes));
+    vf a0[NQ], a1[NQ];
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) a0[i] = a1[i] = vf{};
+    for (int64_t c = 0; c < hd; ++c) {
+      const vf x0 = load(k0 + c * kLanes), x1 = load(k1 + c * kLanes);
+#pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) {
+        const vf qc = splat(q[i][c]);
+        a0[i] = mul_add(qc, x0, a0[i]);
+        a1[i] = mul_add(qc, x1, a1[i]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) {
+      store(scores + i * padded + block, a0[i]);
+      store(scores + i * padded + block + kLanes, a1[i]);
+    }
+  }
+  for (; block < seen; block += kLanes) {
+    const float* kb = cache.key_block(g, cache.physical(pages, block));
+    vf acc[NQ];
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) acc[i] = vf{};
+    for (int64_t c = 0; c < hd; ++c) {
+      const vf k = load(kb + c * kLanes);
+#pragma GCC unroll 8
+      for (int i = 0; i < NQ; ++i) acc[i] = mul_add(splat(q[i][c]), k, acc[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; ++i) store(scores + i * padded + block, acc[i]);
+  }
+}
+
+inline void score_queries(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q, int nq,
+                          int64_t seen, float* scores, int64_t padded) {
+  switch (nq) {
+    case 1: return score_blocks<1>(cache, pages, g, q, seen, scores, padded);
+    case 2: return score_blocks<2>(cache, pages, g, q, seen, scores, padded);
+    case 3: return score_blocks<3>(cache, pages, g, q, seen, scores, padded);
+    case 4: return score_blocks<4>(cache, pages, g, q, seen, scores, padded);
+    case 5: return score_blocks<5>(cache, pages, g, q, seen, scores, padded);
+    case 6: return score_blocks<6>(cache, pages, g, q, seen, scores, padded);
+    case 7: return score_blocks<7>(cache, pages, g, q, seen, scores, padded);
+    default: return score_blocks<8>(cache, pages, g, q, seen, scores, padded);
+  }
+}
+
+// acc[j][d] += sum over visible[from .. to) of p[j][i] * value[d], in slot order, for NQ queries that share
+// those visible slots (physical slots); acc holds each query's running sums (hd floats each) between calls.
+template <int NQ>
+inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* visible, int64_t from, int64_t to,
+                            const float* const* p, float* const* acc) {
+  const int64_t hd = cache.head_dim;
+  const float* values = cache.value(g, 0);
+  int64_t chunk = 0;
+  for (; chunk + 4 * kLanes <= hd; chunk += 4 * kLanes) {
+    vf a[NQ][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) a[j][l] = load(acc[j] + chunk + l * kLanes);
+    for (int64_t i = from; i < to; ++i) {
+      const float* v = values + visible[i] * hd + chunk;
+      const vf v0 = load(v), v1 = load(v + kLanes), v2 = load(v + 2 * kLanes), v3 = load(v + 3 * kLanes);
+#pragma GCC unroll 4
+      for (int j = 0; j < NQ; ++j) {
+        const vf s = splat(p[j][i]);
+        a[j][0] = mul_add(s, v0, a[j][0]);
+        a[j][1] = mul_add(s, v1, a[j][1]);
+        a[j][2] = mul_add(s, v2, a[j][2]);
+        a[j][3] = mul_add(s, v3, a[j][3]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NQ; ++j)
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) store(acc[j] + chunk + l * kLanes, a[j][l]);
+  }
+  for (; chunk + kLanes <= hd; chunk += kLanes) {
+    for (int j = 0; j < NQ; ++j) {
+      vf a = load(acc[j] + chunk);
+      for (int64_t i = from; i < to; ++i) a = mul_add(splat(p[j][i]), load(values + visible[i] * hd + chunk), a);
+      store(acc[j] + chunk, a);
+    }
+  }
+  for (; chunk < hd; ++chunk) {
+    for (int j = 0; j < NQ; ++j) {
+      float a = acc[j][chunk];
+      for (int64_t i = from; i < to; ++i) a = mul_add(p[j][i], values[visible[i] * hd + chunk], a);
+      acc[j][chunk] = a;
+    }
+  }
+}
+
+inline void weigh_queries(const LayerCache& cache, int64_t g, const int64_t* visible, int64_t from, int64_t to,
+                          const float* const* p, float* const* acc, int nq) {
+  switch (nq) {
+    case 1: return weighted_values<1>(cache, g, visible, from, to, p, acc);
+    case 2: return weighted_values<2>(cache, g, visible, from, to, p, acc);
+    case 3: return weighted_values<3>(cache, g, visible, from, to, p, acc);
+    default: return weighted_values<4>(cache, g, visible, from, to, p, acc);
+  }
+}
+
+// Scratch memory of one attention task, grown on demand.
+struct AttentionScratch {
+  std::vector<float> scores, probs;
+  std::vector<int64_t> visible, physical;  // each row's visible logical slots, and their physical slots
+  std::vector<int64_t> counts;
+  std::vector<const float*> queries, probs_of;
+  std::vector<float*> accs;
+};
+
+// Attention of rows [r0, r1) of `segment` (segment-local) and query heads [h0, h1) of kv head g:
+// qkv rows (queries in the first heads * head_dim floats) -> out rows [pass rows, heads * head_dim].
+inline void attend(const AttentionShape& shape, const LayerCache& cache, const Segment& segment, int64_t g,
+                   int64_t r0, int64_t r1, int64_t h0, int64_t h1, const float* qkv, float* out,
+                   AttentionScratch& scratch) {
+  const int64_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
+  const int64_t end = segment.start + segment.count;
+  const int64_t rows = r1 - r0, per_row = h1 - h0, nq = rows * per_row;  // rows <= kMaxQueries
+  const int64_t seen = segment.mask ? end : segment.start + r1;  // slots any of these rows may see
+  const int64_t padded = (seen + kLanes - 1) / kLanes * kLanes;
+  scratch.scores.resize(nq * padded);
+  scratch.probs.resize(nq * end);
+  if (segment.mask) {
+    scratch.visible.resize(rows * end);
+    scratch.physical.resize(rows * end);
+  }
+  scratch.counts.resize(rows);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+
+  auto& queries = scratch.queries;
+  queries.resize(nq);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < per_row; ++h) {
+      const int64_t head = g * group + h0 + h;
+      queries[r * per_row + h] = qkv + (segment.first_row + r0 + r) * shape.row_width + head * hd;
+    }
+  for (int64_t first = 0; first < nq; first += kMaxQueries) {
+    const int n = static_cast<int>(std::min<int64_t>(kMaxQueries, nq - first));
+    score_queries(cache, segment.pages, g, queries.data() + first, n, seen, scratch.scores.data() + first * padded,
+                  padded);
+  }
+  // Each row's visible slots (logical, in slot order) and their physical slots; the rows' common leading run is
+  // summed for all of them at once. A causal row sees slots 0 .. start + its index: no list to build.
+  const int64_t* vis_of[kMaxQueries];
+  const int64_t* phys_of[kMaxQueries];
+  int64_t common = -1;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t local = r0 + r;
+    int64_t count = 0;
+    if (segment.mask) {
+      int64_t* vis = scratch.visible.data() + r * end;
+      int64_t* phys = scratch.physical.data() + r * end;
+      const bool* row = segment.mask + local * end;
+      for (int64_t j = 0; j < end; ++j)
+        if (row[j]) {
+          phys[count] = segment.physical[j];
+          vis[count++] = j;
+        }
+      vis_of[r] = vis;
+      phys_of[r] = phys;
+    } else {
+      count = segment.start + local + 1;
+      vis_of[r] = nullptr;
+      phys_of[r] = segment.physical;
+    }
+    scratch.counts[r] = count;
+    if (r == 0) {
+      common = count;
+    } else if (segment.mask) {
+      int64_t same = 0;
+      while (same < common && same < count && vis_of[r][same] == vis_of[0][same]) ++same;
+      common = same;
+    } else {
+      common = std::min(common, count);
+    }
+  }
+  // Softmax of each query's visible scores.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t* vis = vis_of[r];
+    const int64_t count = scratch.counts[r];
+    for (int64_t h = 0; h < per_row; ++h) {
+      const int64_t i = r * per_row + h;
+      const float* sp = scratch.scores.data() + i * padded;
+      float* pp = scratch.probs.data() + i * end;
+      if (vis) {
+        for (int64_t k = 0; k < count; ++k) pp[k] = sp[vis[k]] * scale;
+      } else {
+        each(count, [&](int64_t k, auto z) { st(pp + k, ld(sp + k, z) * scale); });
+      }
+      const float top = max_value(pp, count);
+      each(count, [&](int64_t k, auto z) { st(pp + k, exp_approx(ld(pp + k, z) - top)); });
+    }
+  }
+  // Weighted values: the common run for groups of queries, then each row's own remaining slots.
+  auto& accs = scratch.accs;
+  auto& probs = scratch.probs_of;
+  accs.resize(nq);
+  probs.resize(nq);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < per_row; ++h) {
+      const int64_t i = r * per_row + h, head = g * group + h0 + h;
+      accs[i] = out + (segment.first_row + r0 + r) * shape.heads * hd + head * hd;
+      std::fill(accs[i], accs[i] + hd, 0.f);
+      probs[i] = scratch.probs.data() + i * end;
+    }
+  for (int64_t first = 0; first < nq; first += kPvQueries) {
+    const int n = static_cast<int>(std::min<int64_t>(kPvQueries, nq - first));
+    weigh_queries(cache, g, phys_of[0], 0, common, probs.data() + first, accs.data() + first, n);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t* phys = phys_of[r];
+    const int64_t count = scratch.counts[r];
+    for (int64_t h = 0; h < per_row; ++h) {
+      const int64_t i = r * per_row + h;
+      if (count > common) weigh_queries(cache, g, phys, common, count, &probs[i], &accs[i], 1);
+      const float inv = 1.f / lane_sum(probs[i], count);
+      float* o = accs[i];
+      each(hd, [&](int64_t d, auto z) { st(o + d, ld(o + d, z) * inv); });
+    }
+  }
+}
+
+}  // namespace paradecode

@@ -1,0 +1,226 @@
+// paradecode's own int8 GEMM for the native forward (no torch types: tests compile it alone for several CPUs).
+//
+// y[r][n] = float(sum_k q[r][k] * w[n][k]) * scale[n]: int8 activations q (|q| <= 127) against int8 weights
+// (|w| <= 127) with exact int32 sums, then the one float rounding every kernel of the forward shares (fbgemm
+// and torch._int_mm give the same bits), so the kernel chosen never changes a logit.
+//
+// Weights are packed once in blocks of 16 output columns: [block][k / 4][16 columns][4 k] bytes, each w + 128
+// as an unsigned byte. One pass over a block's bytes serves every row of the pass: the weights are read from
+// memory once whatever the number of rows, which is what makes verifying several draft tokens cost little more
+// than one token while the weights dominate. The inner product per instruction, by what the build targets:
+//   AVX512-VNNI: vpdpbusd on 64 bytes (16 columns x 4 k) per row, u8 weights x s8 activations; the +128 is
+//                taken off once per row as 128 * sum_k q[r][k].
+//   AVX-VNNI:    the same on 32-byte halves.
+//   AVX2:        vpmaddubsw with the activation's sign moved onto the weight (|q| x sign(q) w; pair sums stay
+//                within int16 since both magnitudes are <= 127), then vpmaddwd into int32.
+//   otherwise:   plain integer loops.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace paradecode {
+
+constexpr int64_t kBlockCols = 16;  // output columns per packed block
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define PARADECODE_GEMM_ISA "avx512-vnni"
+#elif defined(__AVXVNNI__)
+#define PARADECODE_GEMM_ISA "avx-vnni"
+#elif defined(__AVX2__)
+#define PARADECODE_GEMM_ISA "avx2"
+#else
+#define PARADECODE_GEMM_ISA "scalar"
+#endif
+
+inline const char* gemm_isa() { return PARADECODE_GEMM_ISA; }
+
+struct PackedInt8 {
+  const uint8_t* data;  // [blocks][kq][16][4]
+  const float* scale;   // [n]
+  int64_t n, k, kq, blocks;
+};
+
+inline int64_t packed_quads(int64_t k) { return (k + 3) / 4; }
+inline int64_t packed_bytes(int64_t n, int64_t k) { return (n + kBlockCols - 1) / kBlockCols * packed_quads(k) * 64; }
+
+// w [n, k] int8 row-major -> out (packed_bytes(n, k) bytes); missing columns and k past the end hold weight 0.
+inline void pack_int8(const int8_t* w, int64_t n, int64_t k, uint8_t* out) {
+  const int64_t kq = packed_quads(k), blocks = (n + kBlockCols - 1) / kBlockCols;
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t i = 0; i < kq; ++i)
+      for (int64_t c = 0; c < kBlockCols; ++c)
+        for (int64_t j = 0; j < 4; ++j) {
+          const int64_t col = b * kBlockCols + c, kk = 4 * i + j;
+          const int v = col < n && kk < k ? w[col * k + kk] : 0;
+          out[((b * kq + i) * kBlockCols + c) * 4 + j] = static_cast<uint8_t>(v + 128);
+        }
+}
+
+template <class F, size_t... I>
+__attribute__((always_inline)) inline void unroll_seq(std::index_sequence<I...>, F&& f) {
+  (f(std::integral_constant<int, static_cast<int>(I)>{}), ...);
+}
+// f(0), f(1), ..., f(N - 1) with compile-time indices, so arrays indexed by them stay in registers.
+template <int N, class F>
+__attribute__((always_inline)) inline void unroll(F&& f) {
+  unroll_seq(std::make_index_sequence<N>{}, f);
+}
+
+// MR rows x NB blocks of 16 columns, quads [i0, i1) of k: the int32 sums in `sums` ([MR][NB][16], read and
+// written back, so a block's weights are read from memory once while every row's sums advance chunk by chunk).
+template <int MR, int NB>
+inline void gemm_tile(const PackedInt8& w, int64_t b0, const int8_t* q, int64_t q_stride, int64_t i0, int64_t i1,
+                      int32_t* sums) {
+  const int64_t block_bytes = w.kq * 64;
+  const uint8_t* wb = w.data + b0 * block_bytes;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512i acc[MR][NB];
+  unroll<MR>([&](auto r) { unroll<NB>([&](auto b) { acc[r][b] = _mm512_loadu_si512(sums + (r * NB + b) * 16); }); });
+  for (int64_t i = i0; i < i1; ++i) {
+    __m512i wv[NB];
+    unroll<NB>([&](auto b) { wv[b] = _mm512_loadu_si512(wb + b * block_bytes + i * 64); });
+    unroll<MR>([&](auto r) {
+      int32_t quad;
+      std::memcpy(&quad, q + r * q_stride + 4 * i, 4);
+      const __m512i a = _mm512_set1_epi32(quad);
+      unroll<NB>([&](auto b) { acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], wv[b], a); });
+    });
+  }
+  unroll<MR>([&](auto r) { unroll<NB>([&](auto b) { _mm512_storeu_si512(sums + (r * NB + b) * 16, acc[r][b]); }); });
+#elif defined(__AVXVNNI__) || defined(__AVX2__)
+  __m256i acc[MR][2 * NB];
+  unroll<MR>([&](auto r) { unroll<2 * NB>([&](auto b) {
+    acc[r][b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + (r * NB) * 16 + b * 8)); }); });
+#if !defined(__AVXVNNI__)
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+#endif
+  for (int64_t i = i0; i < i1; ++i) {
+    __m256i wv[2 * NB];
+    unroll<2 * NB>([&](auto b) {
+      wv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + (b / 2) * block_bytes + i * 64 + (b % 2) * 32));
+#if !defined(__AVXVNNI__)
+      wv[b] = _mm256_xor_si256(wv[b], flip);  // back to the signed weight
+#endif
+    });
+    unroll<MR>([&](auto r) {
+      int32_t quad;
+      std::memcpy(&quad, q + r * q_stride + 4 * i, 4);
+      const __m256i a = _mm256_set1_epi32(quad);
+#if defined(__AVXVNNI__)
+      unroll<2 * NB>([&](auto b) { acc[r][b] = _mm256_dpbusd_avx_epi32(acc[r][b], wv[b], a); });
+#else
+      const __m256i magnitude = _mm256_abs_epi8(a);
+      unroll<2 * NB>([&](auto b) {
+        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[b], a));
+        acc[r][b] = _mm256_add_epi32(acc[r][b], _mm256_madd_epi16(pairs, ones));
+      });
+#endif
+    });
+  }
+  unroll<MR>([&](auto r) { unroll<2 * NB>([&](auto b) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + (r * NB) * 16 + b * 8), acc[r][b]); }); });
+#else
+  for (int64_t r = 0; r < MR; ++r) {
+    for (int64_t b = 0; b < NB; ++b) {
+      int32_t* out = sums + (r * NB + b) * 16;
+      const uint8_t* block = wb + b * block_bytes;
+      const int8_t* row = q + r * q_stride;
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t c = 0; c < kBlockCols; ++c)
+          for (int64_t j = 0; j < 4; ++j)
+            out[c] += (static_cast<int32_t>(block[(i * kBlockCols + c) * 4 + j]) - 128) * row[4 * i + j];
+    }
+  }
+#endif
+}
+
+// Whether the kernel's sums carry the +128 of the unsigned weights (taken off as 128 * the row's sum of q).
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) || defined(__AVXVNNI__)
+constexpr bool kOffsetSums = true;
+#else
+constexpr bool kOffsetSums = false;
+#endif
+
+constexpr int64_t kChunkQuads = 32;  // k quads per chunk: a tile's weights for one chunk stay in L1 across rows
+constexpr int kMaxTileRows = 64;     // rows whose sums one tile keeps (more rows: several passes over the tile)
+
+// NB blocks from b0 for `rows` rows (<= kMaxTileRows), MR rows at a time: y[r * y_stride + c] for the tile's
+// 16 * NB columns.
+template <int MR, int NB>
+inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_t q_stride, const int32_t* rowsum,
+                        int64_t rows, float* y, int64_t y_stride) {
+  alignas(64) int32_t sums[kMaxTileRows * NB * kBlockCols];
+  std::fill(sums, sums + rows * NB * kBlockCols, 0);
+  const int64_t block_bytes = w.kq * 64;
+  const uint8_t* wb = w.data + b0 * block_bytes;
+  for (int64_t i0 = 0; i0 < w.kq; i0 += kChunkQuads) {
+    const int64_t i1 = std::min(w.kq, i0 + kChunkQuads);
+    if (rows > 1) {  // the next chunk's weights: with several rows per byte the bus would idle between chunks
+      const uint8_t* ahead = wb + i1 * 64;  // past the last chunk this runs into the next tile's blocks: fine
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < (i1 - i0) * 64; off += 64) __builtin_prefetch(ahead + b * block_bytes + off, 0, 3);
+    }
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR)
+      gemm_tile<MR, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
+    if (MR > 2 && r + 2 <= rows) {
+      gemm_tile<(MR > 2 ? 2 : 1), NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
+      r += MR > 2 ? 2 : 1;
+    }
+    for (; r < rows; ++r) gemm_tile<1, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t offset = kOffsetSums ? 128 * rowsum[r] : 0;
+    for (int64_t c = 0; c < NB * kBlockCols; ++c)
+      y[r * y_stride + c] = static_cast<float>(sums[r * NB * kBlockCols + c] - offset) * w.scale[b0 * kBlockCols + c];
+  }
+}
+
+// Tile shapes: one or two rows (a token, or a token and its residual row) stream 8 blocks at once (independent
+// sums to hide the instruction latency); more rows take 4 x 4 (the accumulators stay in registers: 16 of 32
+// vector registers with AVX-512; 256-bit code has 16 registers and takes 2 x 2 blocks, i.e. 4 x 2 halves).
+#if defined(__AVX512F__)
+constexpr int kOneRowBlocks = 8, kTileRows = 4, kTileBlocks = 4;
+#elif defined(__AVX2__)
+constexpr int kOneRowBlocks = 4, kTileRows = 2, kTileBlocks = 2;
+#else
+constexpr int kOneRowBlocks = 1, kTileRows = 1, kTileBlocks = 1;
+#endif
+
+template <int MR, int NB>
+inline void gemm_range(const PackedInt8& w, const int8_t* q, int64_t q_stride, const int32_t* rowsum, int64_t rows,
+                       float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill) {
+  const int64_t full = std::min(b1, w.n / kBlockCols);  // blocks whose 16 columns all exist
+  int64_t b = b0;
+  for (; b + NB <= full; b += NB) gemm_blocks<MR, NB>(w, b, q, q_stride, rowsum, rows, y + b * kBlockCols, y_stride);
+  for (; b < full; ++b) gemm_blocks<MR, 1>(w, b, q, q_stride, rowsum, rows, y + b * kBlockCols, y_stride);
+  if (b < b1) {  // the partial last block
+    gemm_blocks<MR, 1>(w, b, q, q_stride, rowsum, rows, spill, kBlockCols);
+    const int64_t cols = w.n - b * kBlockCols;
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(spill + r * kBlockCols, spill + r * kBlockCols + cols, y + r * y_stride + b * kBlockCols);
+  }
+}
+
+// The columns of blocks [b0, b1) for rows [0, rows): y[r * y_stride + col] for col < n (a partial last block
+// goes through `spill`, 16 * kMaxTileRows floats). q rows hold kq * 4 bytes (zero-padded).
+inline void int8_gemm(const PackedInt8& w, const int8_t* q, int64_t q_stride, const int32_t* rowsum, int64_t rows,
+                      float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill) {
+  if (rows == 1) return gemm_range<1, kOneRowBlocks>(w, q, q_stride, rowsum, 1, y, y_stride, b0, b1, spill);
+  if (rows == 2) return gemm_range<2, kOneRowBlocks>(w, q, q_stride, rowsum, 2, y, y_stride, b0, b1, spill);
+  for (int64_t first = 0; first < rows; first += kMaxTileRows) {
+    const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);
+    gemm_range<kTileRows, kTileBlocks>(w, q + first * q_stride, q_stride, rowsum + first, n_rows,
+                                       y + first * y_stride, y_stride, b0, b1, spill);
+  }
+}
+
+}  // namespace paradecode

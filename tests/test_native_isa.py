@@ -1,0 +1,97 @@
+"""The native kernels' hot loops compile to packed vector instructions for every x86 target, not only the CPU
+running the tests.
+
+The native forward is built with ``-march=native`` on the user's machine, so a loop that the compiler
+vectorizes for one CPU and leaves scalar for another (a 16-lane multiply-add written as a loop of scalar
+``fmaf`` became 16 ``vfmadd231ss`` on Haswell, Skylake-X and Sapphire Rapids targets, and halved the speed on
+those machines) would pass every test here and still be slow there. Compiling needs no such CPU: each target's
+assembly of the attention score loop and the int8 GEMM tile is checked for the packed instructions it must use.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from paradecode.backends import native
+
+NATIVE = Path(native.__file__).parent
+COMPILER = shutil.which("g++") or shutil.which("c++")
+# target -> the GEMM's inner product instruction (gemm.h picks it from the target's instruction set)
+TARGETS = {
+    "haswell": "vpmaddubsw",          # AVX2 + FMA
+    "skylake-avx512": "vpmaddubsw",   # AVX-512 without VNNI: the 256-bit AVX2 GEMM
+    "x86-64-v4": "vpmaddubsw",        # the same, by the ISA level's name
+    "alderlake": "vpdpbusd",          # AVX-VNNI on 256-bit registers
+    "icelake-server": "vpdpbusd",     # AVX512-VNNI
+    "sapphirerapids": "vpdpbusd",
+    "znver4": "vpdpbusd",
+}
+SOURCE = """
+#include "attention.h"
+#include "gemm.h"
+namespace paradecode {
+extern "C" __attribute__((noinline, flatten)) void check_scores(const LayerCache& c, const int32_t* p, const float* const* q,
+                                                                 int64_t seen, float* s) {
+  score_blocks<6>(c, p, 0, q, seen, s, 1024);
+}
+extern "C" __attribute__((noinline, flatten)) void check_values(const LayerCache& c, const int64_t* v, const float* const* p,
+                                                                 float* const* a, int64_t n) {
+  weighted_values<4>(c, 0, v, 0, n, p, a);
+}
+extern "C" __attribute__((noinline, flatten)) void check_gemm(const PackedInt8& w, const int8_t* q, int32_t* sums) {
+  gemm_tile<4, 4>(w, 0, q, 64, 0, w.kq, sums);
+}
+}
+"""
+
+
+def function(assembly: str, name: str) -> str:
+    """The assembly of one function: from its label to the end of its frame."""
+    start = assembly.index(f"\n{name}:")
+    return assembly[start : assembly.index(".cfi_endproc", start)]
+
+
+@pytest.fixture(scope="module", params=sorted(TARGETS))
+def target(request, tmp_path_factory):
+    if COMPILER is None:
+        pytest.skip("no C++ compiler")
+    folder = tmp_path_factory.mktemp(request.param)
+    (folder / "kernels.cpp").write_text(SOURCE)
+    # the flags the native build uses (native.FLAGS), with this target instead of -march=native
+    flags = [flag for flag in native.FLAGS if not flag.startswith("-march") and flag != "-fopenmp"]
+    result = subprocess.run([COMPILER, *flags, f"-march={request.param}", "-I", str(NATIVE), "-S",
+                             str(folder / "kernels.cpp"), "-o", str(folder / "kernels.s")],
+                            capture_output=True, text=True)
+    if result.returncode != 0 and "bad value" in result.stderr:
+        pytest.skip(f"this compiler does not know -march={request.param}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return request.param, (folder / "kernels.s").read_text()
+
+
+PACKED_FMA = re.compile(r"\bvfmadd\d+ps\s[^\n]*%[yz]mm")
+SCALAR_FMA = re.compile(r"\bvfmadd\d+ss\b")
+
+
+def test_attention_multiply_adds_are_packed(target):
+    march, assembly = target
+    for name in ("check_scores", "check_values"):
+        body = function(assembly, name)
+        packed, scalar = len(PACKED_FMA.findall(body)), len(SCALAR_FMA.findall(body))
+        assert packed >= 8, f"{march}: {name} has {packed} packed multiply-adds"
+        if name == "check_scores":  # whole 16-slot blocks: no scalar tail at all
+            assert scalar == 0, f"{march}: {name} has {scalar} scalar multiply-adds"
+        else:  # only the tail of a head dimension that is not a multiple of 16 is scalar
+            assert scalar < packed, f"{march}: {name} has {scalar} scalar vs {packed} packed multiply-adds"
+
+
+def test_the_int8_gemm_uses_the_targets_integer_dot_product(target):
+    march, assembly = target
+    body = function(assembly, "check_gemm")
+    instruction = TARGETS[march]
+    assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in the GEMM tile"
+    assert "imul" not in body, f"{march}: the GEMM tile multiplies scalars"

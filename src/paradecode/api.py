@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from paradecode.backends import DTYPES as BACKEND_DTYPES
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.drafters.base import Drafter
 from paradecode.engine import decode
@@ -23,7 +24,7 @@ from paradecode.registry import get_method
 from paradecode.stats import DecodeStats
 
 BACKENDS = ("auto", "llama", "hf")
-DTYPES = ("auto", "fp32", "int8")  # auto: int8 where its measured quality passes the bar (models.default_dtype)
+DTYPES = ("auto", *BACKEND_DTYPES)  # auto: int8 where its measured quality passes the bar (models.default_dtype)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class Model:
 
     @property
     def dtype(self) -> str:
-        return getattr(self.backend, "dtype", "fp32")
+        return self.backend.dtype
 
     @property
     def cost_curve(self) -> dict[int, float]:
@@ -133,8 +134,7 @@ class Model:
             from paradecode.models import cache_root
             from paradecode.profile import cached_curve, relative
 
-            kernels = getattr(self.backend, "kernels", "")  # a kernel change measures anew
-            key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}|{kernels}"
+            key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}|{self.backend.kernels}"
             self._cost_curve = relative(cached_curve(self.backend, cache_root(self.cache_dir), key))
         return self._cost_curve
 

@@ -77,7 +77,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> 
                         help=f"built-in name, .gguf file or HF model directory (default: {default_model})")
     parser.add_argument("--backend", default="auto", choices=("auto", "llama", "hf"),
                         help="auto: our reference Llama transformer for Llama models, transformers otherwise")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "int8"),
+    from paradecode.api import DTYPES
+
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="weights: int8 (llama backend: int8 weights and activations, 2-3x faster on a CPU), "
                              "fp32 (agrees with transformers), auto (default): int8 where its measured perplexity "
                              "is within 1%% of fp32 (see `paradecode models`), else fp32")

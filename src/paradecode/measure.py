@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+from paradecode.backends import DTYPES as DTYPE_CHOICES
 from paradecode.cli import load_model
 from paradecode.errors import ParadecodeError
 
-DTYPE_CHOICES = ("fp32", "int8")
 
 
 def add_commands(commands) -> None:

@@ -28,6 +28,12 @@ class Backend(Protocol):
     max_length: int  # most tokens the cache (and the model's context) can hold
     supports_tree: bool  # False: only causal masks, drafters must propose chains
     num_layers: int
+    dtype: str  # the weights' format, one of paradecode.backends.DTYPES (or a torch dtype's name)
+
+    @property
+    def kernels(self) -> str:
+        """Names what the forward runs on (dtype, kernels, build), so caches of measured speed re-measure when
+        it changes."""
 
     @property
     def cache_len(self) -> int: ...

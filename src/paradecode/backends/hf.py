@@ -44,10 +44,15 @@ class HFBackend:
         self._sliding_window = getattr(config, "sliding_window", None)
         self._device = next(model.parameters()).device
         self._mask_dtype = next(model.parameters()).dtype
+        self.dtype = "fp32" if self._mask_dtype == torch.float32 else str(self._mask_dtype).removeprefix("torch.")
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed during transformers 5
         self.reset()
         self.supports_tree = self._tree_agrees_with_chains()
+
+    @property
+    def kernels(self) -> str:
+        return f"transformers-{self.dtype}"
 
     @staticmethod
     def _read_layer_types(config: Any) -> list[str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from paradecode.api import DTYPES
+from paradecode.backends import DTYPES
 from paradecode.backends.base import tree_depths
 from paradecode.benchmark.peers import PEERS, Peer
 from paradecode.benchmark.questions import Question, round_robin
@@ -89,9 +89,9 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
             )
         options = parse_options(by_method.get(name, []))
         dtype = options.pop("dtype", None)
-        if dtype is not None and (peer or dtype not in DTYPES[1:]):
+        if dtype is not None and (peer or dtype not in DTYPES):
             raise ParadecodeError(f"--opt {name}.dtype={dtype}: a paradecode method takes dtype "
-                                  f"{' or '.join(DTYPES[1:])} (peers run their own weights).")
+                                  f"{' or '.join(DTYPES)} (peers run their own weights).")
         if draft_model and dataclasses.is_dataclass(cls.Options) and "draft_model" in {
             f.name for f in dataclasses.fields(cls.Options)
         }:

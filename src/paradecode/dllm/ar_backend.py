@@ -25,6 +25,8 @@ class TwinBackend:
     """A causal ``TinyLM`` behind the backend protocol: chains only, no hidden states, no early exit."""
 
     supports_tree = False
+    dtype = "fp32"
+    kernels = "tinylm-fp32"
 
     def __init__(self, model: TinyLM):
         if not model.config.causal:

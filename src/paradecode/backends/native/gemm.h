@@ -161,9 +161,8 @@ inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_
   std::fill(sums, sums + rows * NB * kBlockCols, 0);
   const int64_t block_bytes = w.kq * 64;
   const uint8_t* wb = w.data + b0 * block_bytes;
-  const int64_t chunk = rows > 2 ? kChunkQuads : w.kq;  // one or two rows: the whole of k in one sweep
-  for (int64_t i0 = 0; i0 < w.kq; i0 += chunk) {
-    const int64_t i1 = std::min(w.kq, i0 + chunk);
+  for (int64_t i0 = 0; i0 < w.kq; i0 += kChunkQuads) {
+    const int64_t i1 = std::min(w.kq, i0 + kChunkQuads);
     if (rows > 1) {  // the next chunk's weights: with several rows per byte the bus would idle between chunks
       const uint8_t* ahead = wb + i1 * 64;  // past the last chunk this runs into the next tile's blocks: fine
       for (int b = 0; b < NB; ++b)

@@ -161,6 +161,19 @@ class Int8LlamaBackend(LlamaBackend):
         chosen = "-".join(self.kernel_choice[bucket] for bucket in BUCKETS)
         return f"int8-v{FORMAT}-native-{native.build_key()}-{chosen}"
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights a one-token forward reads: every int8 projection and the LM head."""
+        linears = [getattr(layer, name) for layer in self._layers for name in PROJECTIONS] + [self._lm_head]
+        return sum(linear.weight.numel() for linear in linears)
+
+    def kernel_report(self) -> dict:
+        """What the forward runs on here: the native build's int8 instruction set, the kernel per bucket and
+        the timings that chose it (empty without the native pass)."""
+        if self._native is None:
+            return {}
+        return dict(isa=self._native.isa(), choice=dict(self.kernel_choice), timings=self.kernel_timings)
+
     def available_kernels(self) -> list[str]:
         """The GEMM kernels the native pass offers on this machine ([] without it)."""
         return list(self._native.kernels()) if self._native is not None else []

@@ -18,6 +18,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -320,9 +322,38 @@ class Int8Forward {
   std::vector<Unit> units_;
 };
 
+// Memory read bandwidth in GB/s: the best of `repeats` passes summing a buffer of `megabytes` (choose one several
+// times the last-level cache) over every thread, the rate a weight-bound forward can at best read its weights.
+double read_bandwidth(int64_t megabytes, int64_t repeats) {
+  const int64_t words = megabytes * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(int64_t));
+  std::vector<int64_t> buffer(words, 1);
+  double best = 0;
+  for (int64_t rep = 0; rep < repeats; ++rep) {
+    std::atomic<int64_t> total{0};
+    const auto start = std::chrono::steady_clock::now();
+    at::parallel_for(0, words, 1 << 16, [&](int64_t w0, int64_t w1) {
+      int64_t a = 0, b = 0, c = 0, d = 0;
+      int64_t w = w0;
+      for (; w + 4 <= w1; w += 4) {
+        a += buffer[w];
+        b += buffer[w + 1];
+        c += buffer[w + 2];
+        d += buffer[w + 3];
+      }
+      for (; w < w1; ++w) a += buffer[w];
+      total += a + b + c + d;
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    TORCH_CHECK(total.load() == words, "the bandwidth probe miscounted");
+    best = std::max(best, static_cast<double>(words) * sizeof(int64_t) / seconds / 1e9);
+  }
+  return best;
+}
+
 }  // namespace paradecode
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("read_bandwidth", &paradecode::read_bandwidth, py::call_guard<py::gil_scoped_release>());
   using paradecode::Int8Forward;
   py::class_<Int8Forward>(m, "Int8Forward")
       .def(py::init<int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,

@@ -16,7 +16,8 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from paradecode.backends.base import Backend, causal_mask, tree_depths, tree_mask
+from paradecode.backends.base import Backend, causal_mask
+from paradecode.tree_layout import tree_depths, tree_mask
 from paradecode.config import GenerationConfig
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError

@@ -16,6 +16,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from paradecode.tree_layout import tree_depths, tree_mask  # noqa: F401  (backends import them from here)
+
 
 @dataclass
 class ForwardOutput:
@@ -66,28 +68,3 @@ def causal_mask(cache_len: int, t: int, device: torch.device | str = "cpu") -> t
     mask = torch.ones(t, cache_len + t, dtype=torch.bool, device=device)
     mask[:, cache_len:] = torch.tril(mask[:, cache_len:])
     return mask
-
-
-def tree_mask(parents: Sequence[int], cache_len: int) -> torch.Tensor:
-    """[T, cache_len + T] mask for new tokens that form a forest: ``parents[i]`` is the index of node i's
-    parent among the new tokens (< i), or -1 when its parent is the last cached token. Each node sees the
-    whole cache, its ancestors and itself."""
-    t = len(parents)
-    local = torch.zeros(t, t, dtype=torch.bool)
-    for i, parent in enumerate(parents):
-        if parent >= i:
-            raise ValueError(f"tree node {i} has parent {parent}; parents must come first")
-        local[i, i] = True
-        if parent >= 0:
-            local[i] |= local[parent]
-    mask = torch.ones(t, cache_len + t, dtype=torch.bool)
-    mask[:, cache_len:] = local
-    return mask
-
-
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """Depth of each node (1 for children of the cached root)."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return depths

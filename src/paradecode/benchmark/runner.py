@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from paradecode.backends import DTYPES
-from paradecode.backends.base import tree_depths
+from paradecode.tree_layout import tree_depths
 from paradecode.benchmark.peers import PEERS, Peer
 from paradecode.benchmark.questions import Question, round_robin
 from paradecode.drafters.base import build_options

@@ -52,19 +52,9 @@ class Proposal:
     info: dict | None = None  # recorded in the step's trace
 
     @property
-    def is_chain(self) -> bool:
-        return self.parents is None
-
-    @property
     def node_parents(self) -> list[int]:
         """Each node's parent index (-1 = root), a chain's included."""
         return list(range(-1, len(self.tokens) - 1)) if self.parents is None else self.parents
-
-
-def tree_parents(parents: list[int]) -> list[int] | None:
-    """``parents`` as ``Proposal.parents`` wants them: None when the nodes form a chain (each the child of the
-    one before)."""
-    return None if all(parent == i - 1 for i, parent in enumerate(parents)) else parents
 
 
 class Drafter:

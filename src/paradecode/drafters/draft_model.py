@@ -63,7 +63,7 @@ class DraftModelDrafter(Drafter):
         length = min(length, state.max_draft, self.backend.max_length - len(state.tokens))
         if length <= 0:
             return Proposal()
-        shared = _common_prefix(self.cached, state.tokens)
+        shared = common_prefix(self.cached, state.tokens)
         shared = min(shared, len(state.tokens) - 1)  # always feed the root to get its logits
         self.backend.rollback(shared)
         proposal = draft_chain(self._next_logits, state.tokens[shared:], length, state)
@@ -76,7 +76,8 @@ class DraftModelDrafter(Drafter):
         return self.backend.forward(torch.tensor(feed, dtype=torch.long)).logits[-1]  # [V]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (``draft`` and ``draft-tree`` keep their caches by it)."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

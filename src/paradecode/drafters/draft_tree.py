@@ -26,9 +26,9 @@ from typing import ClassVar
 import torch
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
-from paradecode.drafters.draft_model import _common_prefix
+from paradecode.drafters.draft_model import common_prefix
 from paradecode.drafters.head_tree import DraftTree, TreeLimits, grow_tree
-from paradecode.drafters.pld_tree import tree_room
+from paradecode.drafters.tree import fed_nodes_mask, tree_room
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -79,7 +79,7 @@ class DraftTreeDrafter(Drafter):
         budget = min(o.budget if tree else depth_limit, tree_room(state))
         branching, width = (o.branching, o.width) if tree else (1, 1)
 
-        shared = min(_common_prefix(self.cached, state.tokens), len(state.tokens) - 1)  # always feed the root
+        shared = min(common_prefix(self.cached, state.tokens), len(state.tokens) - 1)  # always feed the root
         draft.rollback(shared)
         root_logits = draft.forward(torch.tensor(state.tokens[shared:], dtype=torch.long)).logits[-1]  # [V]
         self.draft_forward_passes += 1
@@ -102,14 +102,8 @@ class DraftTreeDrafter(Drafter):
         mask = positions = None
         if tree:
             positions = torch.tensor([self.base - 1 + grown.depths[n] for n in batch], dtype=torch.long)
-            mask = torch.zeros(len(batch), self.base + fed + len(batch), dtype=torch.bool)  # [T, C + T]
-            mask[:, : self.base] = True
-            for row, node in enumerate(batch):
-                ancestor = grown.parents[node]
-                while ancestor >= 0:  # every ancestor was opened, so it was fed and has a slot
-                    mask[row, self.base + self.slots[ancestor]] = True
-                    ancestor = grown.parents[ancestor]
-                mask[row, self.base + fed + row] = True
+            # every ancestor was opened, so it was fed and has a slot
+            mask = fed_nodes_mask(batch, grown.parents, self.slots, self.base, fed)  # [T, C + fed + T]
         logits = self.backend.forward(ids, positions, mask).logits  # [T, V]
         self.draft_forward_passes += 1
         for row, node in enumerate(batch):

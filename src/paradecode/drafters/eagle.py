@@ -24,6 +24,7 @@ from paradecode.backends.base import causal_mask
 from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.head_drafter import HeadDrafter, check_tree_options
 from paradecode.drafters.head_tree import DraftTree, grow_tree, tree_limits
+from paradecode.drafters.tree import fed_nodes_mask
 from paradecode.heads.eagle import EagleCache
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -83,15 +84,8 @@ class EagleDrafter(HeadDrafter):
             parent_features = torch.stack([self.root_feature if tree.parents[n] < 0 else node_features[slot[tree.parents[n]]]
                                            for n in batch])  # [B, D]
             positions = torch.tensor([committed - 1 + tree.depths[n] for n in batch])
-            mask = torch.zeros(len(batch), committed + fed + len(batch), dtype=torch.bool)  # [B, C + fed + B]
-            mask[:, :committed] = True
-            for row, node in enumerate(batch):
-                ancestor = tree.parents[node]
-                while ancestor >= 0:
-                    mask[row, committed + slot[ancestor]] = True
-                    ancestor = tree.parents[ancestor]
-                mask[row, committed + fed + row] = True
-                slot[node] = fed + row
+            mask = fed_nodes_mask(batch, tree.parents, slot, committed, fed)  # [B, C + fed + B]
+            slot.update((node, fed + row) for row, node in enumerate(batch))
             out = self._feed(parent_features, [tree.tokens[n] for n in batch], positions, mask)  # [B, D]
             node_features.extend(out)
             return runtime.draft_logits(out)  # [B, Vd]

@@ -20,8 +20,9 @@ from typing import ClassVar
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal, tree_parents
+from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.schedule import check_schedule_options, make_schedule
+from paradecode.drafters.tree import tree_parents
 from paradecode.errors import ParadecodeError
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
 from paradecode.verify.base import Verdict

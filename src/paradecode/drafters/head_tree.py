@@ -21,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Proposal, tree_parents
+from paradecode.drafters.base import DecodeState, Proposal
+from paradecode.drafters.tree import tree_parents, tree_room
 from paradecode.verify.sampling import probabilities, sample
 
 
@@ -118,12 +119,8 @@ def tree_limits(tree: bool, budget: int, branching: int, width: int, depth: int,
     """The step's limits: a chain when ``tree`` is off or the target verifies chains only; never deeper than
     the token budget, never wider than the target's cache."""
     depth = min(depth, state.max_draft)
-    room = max_nodes(state)
+    room = tree_room(state)
     if not (tree and state.supports_tree):
         return TreeLimits(budget=min(depth, room), branching=1, width=1, depth=depth)
     return TreeLimits(budget=min(budget, room), branching=branching, width=width, depth=depth)
 
-
-def max_nodes(state: DecodeState) -> int:
-    max_length = getattr(state.target, "max_length", None)
-    return max(state.max_draft, 1) if max_length is None else max(max_length - len(state.tokens), 1)

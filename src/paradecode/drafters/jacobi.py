@@ -11,7 +11,7 @@ shifted past what was committed, and the tail the shift emptied is refilled by `
 - ``pad``: token id 0 (the papers' PAD initialisation; id 0 is a special token in most vocabularies);
 - ``repeat-last``: the last token of the committed text plus the kept guesses;
 - ``ngram``: the tokens that followed an earlier occurrence of the text's suffix (prompt lookup, with
-  ``pld``'s ``NgramIndex``), padded with ``repeat-last`` when there is no match.
+  ``drafters.ngram_index``), padded with ``repeat-last`` when there is no match.
 
 ``variant``:
 - ``jacobi``: a sliding window, refilled to ``window`` guesses every step;
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
-from paradecode.drafters.pld import NgramIndex
+from paradecode.drafters.ngram_index import NgramIndex
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -91,15 +91,8 @@ class JacobiDrafter(Drafter):
         if self.options.init == "pad":
             return [PAD_ID] * length
         if self.options.init == "ngram":
-            fresh = self._lookup(committed, committed + kept, length)
+            # committed tokens only enter the index: guesses are never looked up as text
+            fresh = self.index.continuation(committed, length, context=committed + kept)
         last = (committed + kept + fresh)[-1]
         return fresh + [last] * (length - len(fresh))
 
-    def _lookup(self, committed: list[int], context: list[int], length: int) -> list[int]:
-        """Committed tokens that followed the latest earlier occurrence of the longest suffix of ``context``."""
-        self.index.update(committed, len(committed) - 1)  # guesses never enter the index; nor the suffix itself
-        for n in range(min(self.index.max_n, len(context)), self.index.min_n - 1, -1):
-            end = self.index.latest_end.get(tuple(context[-n:]))
-            if end is not None:
-                return committed[end + 1 : end + 1 + length]
-        return []

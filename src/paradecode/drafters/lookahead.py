@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal, tree_parents
+from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.ngram_pool import NgramPool
-from paradecode.drafters.pld_tree import merge_prefix_tree
+from paradecode.drafters.tree import merge_prefix_tree, tree_parents
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict

@@ -1,9 +1,8 @@
 """Prompt lookup decoding (Saxena 2023): draft by copying what followed an earlier occurrence of the suffix.
 
 Match the last n tokens (largest n first, down to ``min_ngram``) against the prompt and the text generated so
-far, and propose the tokens that followed the most recent earlier occurrence. The n-gram index is updated
-incrementally, so a step costs O(max_ngram) dictionary operations, not a scan of the context. How many tokens
-to propose is the ``schedule`` option's call (``drafters.schedule``).
+far, and propose the tokens that followed the most recent earlier occurrence (``drafters.ngram_index``). How
+many tokens to propose is the ``schedule`` option's call (``drafters.schedule``).
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.ngram_index import NgramIndex
 from paradecode.drafters.schedule import check_schedule_options, make_schedule
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
@@ -31,31 +31,6 @@ class PromptLookupOptions:
                 f"pld needs 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, max_ngram={self.max_ngram}."
             )
         check_schedule_options("pld", self.schedule, self.num_draft, self.max_num_draft)
-
-
-class NgramIndex:
-    """Maps each n-gram (min_n <= n <= max_n) of a growing token list to the end of its latest occurrence."""
-
-    def __init__(self, min_n: int, max_n: int) -> None:
-        self.min_n, self.max_n = min_n, max_n
-        self.latest_end: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # n-grams ending before this position are indexed
-
-    def update(self, tokens: list[int], upto: int) -> None:
-        """Index the n-grams ending at positions [indexed, upto)."""
-        for end in range(self.indexed, upto):
-            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
-                self.latest_end[tuple(tokens[end - n + 1 : end + 1])] = end
-        self.indexed = max(self.indexed, upto)
-
-    def continuation(self, tokens: list[int], length: int) -> list[int]:
-        """Tokens that followed the latest earlier occurrence of the longest matching suffix of ``tokens``."""
-        self.update(tokens, len(tokens) - 1)  # never match the suffix against itself
-        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
-            end = self.latest_end.get(tuple(tokens[-n:]))
-            if end is not None:
-                return tokens[end + 1 : end + 1 + length]
-        return []
 
 
 @register("pld")

@@ -20,7 +20,7 @@ from paradecode.engine import decode
 from paradecode.errors import ParadecodeError
 from paradecode.models import DEFAULT_MODEL, default_dtype, resolve
 from paradecode.quality import calibration_ids
-from paradecode.registry import get_method
+from paradecode.registry import resolve_method
 from paradecode.stats import DecodeStats
 
 BACKENDS = ("auto", "llama", "hf")
@@ -175,7 +175,7 @@ class Model:
 
     # -- methods ---------------------------------------------------------------------------------------
     def drafter(self, method: str, options: dict[str, Any] | None = None) -> Drafter:
-        return get_method(method).create(options or {}, context=self)
+        return resolve_method(method, options).create(self)
 
     def load_draft_backend(self, model: str):
         """Backend of a draft model with the same tokenizer (called by the ``draft`` method)."""
@@ -226,17 +226,15 @@ class Model:
         options = dict(options or {})
         if draft_model is not None:
             options["draft_model"] = draft_model
-        self.cost_curve  # measured (once per machine) before any request holds the cache
-        drafter = self.drafter(method, options)
-        if not config.sampling.greedy and not drafter.lossless_sampling:
-            raise ParadecodeError(
-                f"method {method!r} cannot sample exactly from the model's distribution; use temperature 0 "
-                "(greedy) with it, or another method for sampling."
-            )
+        choice = resolve_method(method, options)
+        choice.check_sampling(config.sampling.greedy)
+        drafter = choice.create(self)
+        # measured (once per machine) before the request holds the backend's cache, and only when asked for
+        cost_curve = self.cost_curve if drafter.wants_cost_curve() else None
         prompt_ids = self.encode(prompt, chat)
         stats = DecodeStats(method=method)
         steps = decode(self.backend, drafter, prompt_ids, config, eos_ids=self.eos_ids, text_of=self.decode,
-                       stats=stats)
+                       stats=stats, cost_curve=cost_curve, method_state=self.method_state)
         return _Run(config, prompt_ids, stats, steps)
 
     def _final_text(self, output: list[int], config: GenerationConfig) -> str:

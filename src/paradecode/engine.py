@@ -35,6 +35,8 @@ def decode(
     eos_ids: frozenset[int] = frozenset(),
     text_of: Callable[[list[int]], str] | None = None,  # decodes output tokens; needed for stop strings
     stats: DecodeStats | None = None,
+    cost_curve: dict[int, float] | None = None,  # see DecodeState.cost_curve
+    method_state: dict | None = None,  # see DecodeState.method_state
 ) -> Iterator[list[int]]:
     """Yield the tokens each step commits; fills ``stats`` (pass one in to read it afterwards)."""
     stats = stats if stats is not None else DecodeStats()
@@ -70,6 +72,8 @@ def decode(
         supports_tree=backend.supports_tree,
         target=backend,
         prompt_hidden=prompt_hidden,
+        cost_curve=cost_curve,
+        method_state=method_state,
     )
     drafter.begin(state)
     stats.prefill_time_s = time.perf_counter() - start
@@ -109,7 +113,7 @@ def decode(
             break
 
     stats.stop_reason = stop_reason
-    stats.draft_forward_passes = getattr(drafter, "draft_forward_passes", 0)
+    stats.draft_forward_passes = drafter.draft_forward_passes
     stats.info.update(drafter.summary())
     stats.wall_time_s = time.perf_counter() - start
 

@@ -16,19 +16,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
+from paradecode.registry import Registry
 
-PEERS: dict[str, type["Peer"]] = {}
-
-
-def register_peer(name: str) -> Callable[[type], type]:
-    def wrap(cls: type) -> type:
-        PEERS[name] = cls
-        cls.method_name = name
-        return cls
-
-    return wrap
+PEERS = Registry("peer")  # filled below and by benchmark.llamacpp, which this module imports at its end
+register_peer = PEERS.register
 
 
 @dataclass

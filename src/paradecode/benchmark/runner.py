@@ -8,7 +8,6 @@ record in flight and ``--resume`` continues from the log.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -20,9 +19,8 @@ from paradecode.backends import DTYPES
 from paradecode.tree_layout import tree_depths
 from paradecode.benchmark.peers import PEERS, Peer
 from paradecode.benchmark.questions import Question, round_robin
-from paradecode.drafters.base import build_options
 from paradecode.errors import ParadecodeError
-from paradecode.registry import get_method, method_names, parse_options
+from paradecode.registry import METHODS, build_options, parse_options, resolve_method
 
 RECORDS = "records.jsonl"
 SETTINGS = "settings.json"
@@ -61,7 +59,6 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
     if duplicates:
         raise ParadecodeError(f"method {', '.join(duplicates)} is listed twice in --methods; to compare option "
                               "sets of one method, label them: --methods pld,pld4=pld --opt pld4.num_draft=4.")
-    registered = method_names()
     by_method: dict[str, list[str]] = {}
     for opt in opts:
         key, sep, value = opt.partition("=")
@@ -73,30 +70,26 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
         by_method.setdefault(method.strip(), []).append(f"{option}={value}")
     specs = []
     for name, method in entries:
-        if name != method and (name in registered or name in PEERS):
+        if name != method and (name in METHODS or name in PEERS):
             raise ParadecodeError(f"--methods entry {name}={method}: the label {name!r} is itself a method; pick "
                                   "another label, e.g. " + f"{method}2={method}.")
-        if method in registered:
-            cls, peer = get_method(method), None
-        elif method in PEERS:
-            cls = peer = PEERS[method]
-            if peer.requirement(draft_model):
-                raise ParadecodeError(peer.requirement(draft_model))
-        else:
+        if method not in METHODS and method not in PEERS:
             raise ParadecodeError(
-                f"unknown method {method!r}; paradecode methods: {', '.join(registered)}; "
-                f"peers: {', '.join(sorted(PEERS))}."
+                f"unknown method {method!r}; paradecode methods: {', '.join(METHODS.names())}; "
+                f"peers: {', '.join(PEERS.names())}."
             )
+        peer = PEERS[method] if method not in METHODS else None
+        if peer and peer.requirement(draft_model):
+            raise ParadecodeError(peer.requirement(draft_model))
         options = parse_options(by_method.get(name, []))
         dtype = options.pop("dtype", None)
         if dtype is not None and (peer or dtype not in DTYPES):
             raise ParadecodeError(f"--opt {name}.dtype={dtype}: a paradecode method takes dtype "
                                   f"{' or '.join(DTYPES)} (peers run their own weights).")
-        if draft_model and dataclasses.is_dataclass(cls.Options) and "draft_model" in {
-            f.name for f in dataclasses.fields(cls.Options)
-        }:
-            options.setdefault("draft_model", draft_model)
-        build_options(cls, options)  # raises a ParadecodeError for a bad option
+        if peer:
+            build_options(peer, options)  # raises a ParadecodeError for a bad option
+        else:
+            options = resolve_method(method, options, draft_model).options
         specs.append(MethodSpec(name, peer, options, method, dtype))
     return specs
 
@@ -108,7 +101,7 @@ def all_methods(draft_model: str | None) -> list[str]:
     """``--methods all``: every registered method that runs with the given options, then every peer whose
     requirements are met (a peer unavailable on this machine is skipped later, with a note)."""
     names = []
-    for name in method_names():
+    for name in METHODS.names():
         try:
             plan_methods([name], [], draft_model)
         except ParadecodeError:

@@ -10,7 +10,6 @@ an accepted prefix of the chain, so ``commit`` only takes ``keep == [0, 1, ..., 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Sequence
 
 import torch
@@ -85,14 +84,13 @@ def ar_engine_generate(model: TinyLM, prompt_ids: list[int], max_new_tokens: int
     """Answer token ids (end-of-text excluded) and stats from a registered method on the twin, greedy."""
     from paradecode.config import GenerationConfig, SamplingConfig
     from paradecode.engine import decode
-    from paradecode.registry import get_method
+    from paradecode.registry import resolve_method
 
     backend = backend or TwinBackend(model)
     if len(prompt_ids) + max_new_tokens > model.max_length:
         raise ParadecodeError(f"prompt ({len(prompt_ids)}) + {max_new_tokens} new tokens exceed the model's "
                               f"context of {model.max_length}.")
-    context = SimpleNamespace(load_draft_backend=lambda name: None)
-    drafter = get_method(method).create(dict(options or {}), context=context)
+    drafter = resolve_method(method, options).create()  # no loaded model: methods with a draft model refuse
     config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=0.0))
     stats = DecodeStats(method=f"ar-twin {method}")
     out = [t for step in decode(backend, drafter, prompt_ids, config, eos_ids=frozenset({model.eot_id}),

@@ -119,12 +119,12 @@ def _one_thread_for_tiny(model) -> None:
 
 
 def _sweeps(pairs: list[str]) -> dict[str, list]:
-    from paradecode.registry import _parse_value
+    from paradecode.registry import parse_value
 
     sweeps = {}
     for pair in pairs:
         name, sep, values = pair.partition("=")
-        parsed = [_parse_value(v.strip()) for v in values.split(",") if v.strip()]
+        parsed = [parse_value(v.strip()) for v in values.split(",") if v.strip()]
         if not sep or not parsed:
             raise ParadecodeError(f"--sweep takes SAMPLER=V1,V2,..., got {pair!r}.")
         sweeps[name.strip()] = parsed

@@ -31,14 +31,13 @@ steps; ``summary()["auto"]["warm"]`` says whether a request started so. A fresh 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
-from paradecode.registry import get_method, method_names, register
+from paradecode.registry import get_method, method_names, register, resolve_drafter, takes_draft_model
 from paradecode.verify.base import Verdict
 
 DEFAULT_CANDIDATES = ("ar", "pld", "pld-tree", "ngram", "lookahead", "jacobi", "layerskip")
@@ -100,33 +99,42 @@ class AutoDrafter(Drafter):
     def __init__(self, options: AutoOptions, context) -> None:
         super().__init__(options, context)
         self.arms: dict[str, _Arm] = {}
+        self.exact: set[str] = set()  # candidates that sample exactly
         self.skipped: dict[str, str] = {}  # candidate -> why it is not used
         for name in _candidate_names(options):
             cls = get_method(name)
-            takes_draft_model = _takes_draft_model(cls)
-            if takes_draft_model and not options.draft_model:
+            if takes_draft_model(cls) and not options.draft_model:
                 self.skipped[name] = "needs a draft model (auto option draft_model)"
                 continue
             try:
-                drafter = cls.create({"draft_model": options.draft_model} if takes_draft_model else {}, context)
+                choice = resolve_drafter(cls, draft_model=options.draft_model)
+                drafter = choice.create(context)
             except ParadecodeError as error:
                 self.skipped[name] = str(error)
                 continue
-            resync = not getattr(cls, "observe_optional", False) and cls.observe is not Drafter.observe
+            resync = not cls.observe_optional and cls.observe is not Drafter.observe
             self.arms[name] = _Arm(drafter, resync)
+            if choice.samples_exactly:
+                self.exact.add(name)
         if not self.arms:
             raise ParadecodeError(f"auto has no candidate to run: {self.skipped}.")
 
     @property
     def draft_forward_passes(self) -> int:
-        return sum(getattr(arm.drafter, "draft_forward_passes", 0) for arm in self.arms.values())
+        return sum(arm.drafter.draft_forward_passes for arm in self.arms.values())
+
+    @classmethod
+    def kept_across_requests(cls, options: AutoOptions) -> bool:
+        return options.keep
+
+    def wants_cost_curve(self) -> bool:
+        return any(arm.drafter.wants_cost_curve() for arm in self.arms.values())
 
     def begin(self, state: DecodeState) -> None:
-        self.active = [name for name, arm in self.arms.items()
-                       if state.sampling.greedy or arm.drafter.lossless_sampling]
+        self.active = [name for name in self.arms if state.sampling.greedy or name in self.exact]
         if not self.active:
             raise ParadecodeError(f"auto: no candidate samples exactly; candidates were {', '.join(self.arms)}.")
-        kept = self.kept_state() if self.options.keep else None
+        kept = self.kept_state(state) if self.options.keep else None
         estimates = kept.setdefault("estimates", {}) if kept is not None else {}
         self.warm = any(name in estimates and estimates[name].steps > 0 for name in self.active)
         for name, arm in self.arms.items():
@@ -214,10 +222,6 @@ def _candidate_names(options: AutoOptions) -> list[str]:
             raise ParadecodeError("auto cannot be its own candidate.")
         return list(dict.fromkeys(names))
     names = [name for name in DEFAULT_CANDIDATES if name in registered]
-    names += [name for name in registered if getattr(get_method(name), "training_free", False) and name not in names]
-    names += [name for name in registered if name not in names and _takes_draft_model(get_method(name))]
+    names += [name for name in registered if get_method(name).training_free and name not in names]
+    names += [name for name in registered if name not in names and takes_draft_model(get_method(name))]
     return [name for name in names if name != "auto"]  # draft-model methods are skipped without draft_model
-
-
-def _takes_draft_model(cls: type) -> bool:
-    return dataclasses.is_dataclass(cls.Options) and "draft_model" in {f.name for f in dataclasses.fields(cls.Options)}

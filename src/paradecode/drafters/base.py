@@ -3,21 +3,34 @@
 A drafter sees the request through ``DecodeState`` and proposes draft tokens as a chain or a tree. It never
 runs the target model: the engine scores the proposal in one target forward pass, verifies it, commits the
 accepted path and hands the ``Verdict`` back to ``observe``. New needs become optional fields of
-``DecodeState`` or ``Proposal``, not new arguments.
+``DecodeState`` or ``Proposal``, not new arguments. What a drafter may use of the loaded model it drafts for
+(a draft model's backend, the model's folder) is its ``DrafterContext``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Protocol
 
 import torch
 
+from paradecode.backends.base import Backend
 from paradecode.config import SamplingConfig
-from paradecode.errors import ParadecodeError
+from paradecode.registry import build_options
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import draw_draft_token
+
+
+class DrafterContext(Protocol):
+    """The loaded model a drafter drafts for (``api.Model`` is one). A drafter reads only what it needs:
+    ``draft`` and ``draft-tree`` load their draft model's backend, the head drafters read the target's folder."""
+
+    name: str  # the model's name as loaded (a built-in name, a path)
+    model_dir: Path  # its Hugging Face model folder
+
+    def load_draft_backend(self, model: str) -> Backend:
+        """The backend of a draft model sharing the target's tokenizer, loaded once per model."""
 
 
 @dataclass
@@ -29,8 +42,14 @@ class DecodeState:
     max_draft: int  # most draft tokens worth proposing (what is left of the token budget)
     eos_ids: frozenset[int] = frozenset()
     supports_tree: bool = True  # False: the target backend verifies chains only
-    target: Any = None  # the target Backend; only self-speculative drafters (layer skip) run it, by design
+    target: Backend | None = None  # only self-speculative drafters (layer skip) run it, by design
     prompt_hidden: torch.Tensor | None = None  # [P-1, D] target hidden states of the prefill (needs_hidden)
+    # The target's forward time over T tokens relative to T = 1 (``paradecode.profile``), given when the drafter
+    # asked for it (``Drafter.wants_cost_curve``); the ``cost`` draft schedule starts from it.
+    cost_curve: dict[int, float] | None = None
+    # What drafters keep across requests on the loaded model, per (method, options) (``Model.method_state``);
+    # None: nothing outlives the request.
+    method_state: dict[tuple[str, Any], dict] | None = None
 
     @property
     def output_len(self) -> int:
@@ -62,17 +81,34 @@ class Drafter:
 
     method_name: ClassVar[str] = ""
     Options: ClassVar[type] = type("NoOptions", (), {})
-    lossless_sampling: ClassVar[bool] = True  # False: the method refuses temperature > 0
-    needs_draft_probs_under_sampling: ClassVar[bool] = False
+    # Every built-in method samples exactly (its drafts are verified by the engine's exact verifiers); a method
+    # that could not would set this False, and ``registry.MethodChoice.check_sampling`` then refuses temperature > 0.
+    lossless_sampling: ClassVar[bool] = True
     needs_hidden: ClassVar[bool] = False  # True: the engine hands over the target's hidden states (trained heads)
+    training_free: ClassVar[bool] = False  # True: needs no trained weights or draft model (an ``auto`` candidate)
+    # True: the drafter follows ``state.tokens`` by itself, so it may miss verdicts (``auto`` then skips re-syncing
+    # it with ``begin`` after steps another drafter took).
+    observe_optional: ClassVar[bool] = False
+    draft_forward_passes: int = 0  # forward passes of the drafter's own model (a draft model, a head, layer skip)
 
-    def __init__(self, options: Any = None, context: Any = None) -> None:
+    def __init__(self, options: Any = None, context: DrafterContext | None = None) -> None:
         self.options = options
         self.context = context
 
     @classmethod
-    def create(cls, options: dict[str, Any] | None = None, context: Any = None) -> "Drafter":
+    def create(cls, options: dict[str, Any] | None = None, context: DrafterContext | None = None) -> "Drafter":
         return cls(build_options(cls, options or {}), context)
+
+    @classmethod
+    def kept_across_requests(cls, options: Any) -> bool | None:
+        """Whether the method, with these options, carries what it learns over to the next request on the same
+        model (see ``kept_state``); None for a method that keeps nothing."""
+        return None
+
+    def wants_cost_curve(self) -> bool:
+        """Whether ``begin`` reads ``state.cost_curve``; the model then measures the curve (once per machine)
+        before the request starts, since measuring runs the target."""
+        return False
 
     def begin(self, state: DecodeState) -> None:
         """Called once per request, after prefill, before the first step."""
@@ -87,11 +123,11 @@ class Drafter:
         """Method-level notes for ``DecodeStats.info``."""
         return {}
 
-    def kept_state(self) -> dict | None:
-        """A dict that outlives the request: one per (method, options) on the loaded model the drafter runs
-        for (``Model.method_state``), for whatever the method learns that should carry over to the next
-        request (``auto`` keeps its speed estimates there). None when the context keeps no state."""
-        store = getattr(self.context, "method_state", None)
+    def kept_state(self, state: DecodeState) -> dict | None:
+        """A dict that outlives the request: one per (method, options) on the loaded model, for whatever the
+        method learns that should carry over to the next request (``auto`` keeps its speed estimates there).
+        None when the request keeps no state (``state.method_state`` is None)."""
+        store = state.method_state
         return None if store is None else store.setdefault((self.method_name, self.options), {})
 
 
@@ -113,36 +149,3 @@ def draft_chain(next_logits: Callable[[list[int]], torch.Tensor], feed: list[int
         feed = [token]
     return Proposal(tokens=drafts, draft_probs=torch.stack(q_rows) if q_rows else None)
 
-
-def build_options(cls: type, raw: dict[str, Any]) -> Any:
-    """Instantiate ``cls.Options`` (a frozen dataclass) from user-given values, with clear errors."""
-    options_type = cls.Options
-    if not dataclasses.is_dataclass(options_type):
-        if raw:
-            raise ParadecodeError(f"method {cls.method_name!r} takes no options, got {sorted(raw)}.")
-        return None
-    fields = {f.name: f for f in dataclasses.fields(options_type)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ParadecodeError(
-            f"method {cls.method_name!r} has no option {', '.join(unknown)}; "
-            f"its options are: {', '.join(fields) or 'none'}."
-        )
-    values = {}
-    for name, value in raw.items():
-        default = fields[name].default
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ParadecodeError(f"option {name} of {cls.method_name!r} takes true or false, got {value!r}.")
-        if isinstance(default, int) and not isinstance(default, bool) and (
-            isinstance(value, bool) or not isinstance(value, int)
-        ):
-            raise ParadecodeError(f"option {name} of {cls.method_name!r} takes an integer, got {value!r}.")
-        if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ParadecodeError(f"option {name} of {cls.method_name!r} takes a number, got {value!r}.")
-        values[name] = float(value) if isinstance(default, float) else value
-    try:
-        return options_type(**values)
-    except ParadecodeError:
-        raise
-    except (TypeError, ValueError) as error:
-        raise ParadecodeError(f"bad options for method {cls.method_name!r}: {error}.") from None

@@ -45,11 +45,14 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # tokens whose keys/values sit in the draft backend's cache
         self.draft_forward_passes = 0
 
+    def wants_cost_curve(self) -> bool:
+        return self.options.schedule == "cost"
+
     def begin(self, state: DecodeState) -> None:
         self.backend.reset()
         self.cached = []
         self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      self.context)
+                                      state.cost_curve)
 
     def propose(self, state: DecodeState) -> Proposal:
         proposal = self._draft(state, self.schedule.length())

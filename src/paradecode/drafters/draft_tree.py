@@ -72,7 +72,7 @@ class DraftTreeDrafter(Drafter):
     def propose(self, state: DecodeState) -> Proposal:
         o, draft = self.options, self.backend
         self.slots, self.base = {}, -1
-        tree = state.supports_tree and getattr(draft, "supports_tree", False)
+        tree = state.supports_tree and draft.supports_tree
         depth_limit = min(o.depth, state.max_draft, draft.max_length - len(state.tokens))
         if depth_limit <= 0:
             return Proposal()

@@ -55,7 +55,7 @@ class EagleDrafter(HeadDrafter):
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
-        room = getattr(state.target, "max_length", 4096) + self.options.budget + 1
+        room = state.target.max_length + self.options.budget + 1
         self.cache = EagleCache(self.module.shape, room)
         features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2}
         # pairs not fed to the head yet: fed in one pass by the next step that drafts, so a step that drafts
@@ -81,8 +81,8 @@ class EagleDrafter(HeadDrafter):
 
         def expand(batch: list[int], tree: DraftTree) -> torch.Tensor:
             fed = self.cache.length - committed
-            parent_features = torch.stack([self.root_feature if tree.parents[n] < 0 else node_features[slot[tree.parents[n]]]
-                                           for n in batch])  # [B, D]
+            parent_features = torch.stack([self.root_feature if tree.parents[n] < 0
+                                           else node_features[slot[tree.parents[n]]] for n in batch])  # [B, D]
             positions = torch.tensor([committed - 1 + tree.depths[n] for n in batch])
             mask = fed_nodes_mask(batch, tree.parents, slot, committed, fed)  # [B, C + fed + B]
             slot.update((node, fed + row) for row, node in enumerate(batch))

@@ -128,20 +128,23 @@ class HeadDrafter(Drafter):
 
     kind: ClassVar[str] = ""
     needs_hidden: ClassVar[bool] = True
-    needs_draft_probs_under_sampling = True
 
     def __init__(self, options, context) -> None:
         super().__init__(options, context)
-        if context is None or getattr(context, "model_dir", None) is None:
-            raise ParadecodeError(f"method {self.method_name!r} must be created through a loaded model (paradecode.load).")
-        folder = resolve_head_dir(options.head, self.kind, getattr(context, "name", None))
+        if context is None:
+            raise ParadecodeError(f"method {self.method_name!r} must be created through a loaded model "
+                                  "(paradecode.load).")
+        folder = resolve_head_dir(options.head, self.kind, context.name)
         self.runtime = load_runtime(str(Path(folder).resolve()), self.kind, str(Path(context.model_dir).resolve()),
                                     options.draft_vocab, options.head_dtype)
         self.module = self.runtime.module
         self.draft_forward_passes = 0
 
+    def wants_cost_curve(self) -> bool:
+        return self.options.schedule == "cost"
+
     def begin(self, state: DecodeState) -> None:
-        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth, self.context)
+        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth, state.cost_curve)
         self.scheduled = False
         self.cutting = False
         self.calibration = Calibration()
@@ -189,5 +192,5 @@ class HeadDrafter(Drafter):
 
     @staticmethod
     def prompt_features(state: DecodeState) -> torch.Tensor | None:
-        hidden = getattr(state, "prompt_hidden", None)
+        hidden = state.prompt_hidden
         return None if hidden is None or hidden.shape[0] == 0 else hidden.float()  # [P-1, D]

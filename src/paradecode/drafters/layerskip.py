@@ -80,7 +80,9 @@ def parse_layer_set(spec: str | int) -> frozenset[int]:
 @register("layerskip")
 class LayerSkipDrafter(Drafter):
     Options = LayerSkipOptions
-    needs_draft_probs_under_sampling = True
+
+    def wants_cost_curve(self) -> bool:
+        return self.options.schedule == "cost"
 
     def begin(self, state: DecodeState) -> None:
         target = state.target
@@ -103,7 +105,7 @@ class LayerSkipDrafter(Drafter):
             self.layer_args = {"exit_layer": exit_layer}
             self.description = f"first {exit_layer} of {total} layers"
         self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      self.context)
+                                      state.cost_curve)
         self.draft_forward_passes = 0
 
     def propose(self, state: DecodeState) -> Proposal:

@@ -108,11 +108,14 @@ class TagAcceptance:
 class NgramDrafter(Drafter):
     Options = NgramOptions
 
+    def wants_cost_curve(self) -> bool:
+        return self.options.schedule == "cost"
+
     def begin(self, state: DecodeState) -> None:
         self.table = NgramTable(self.options.min_ngram, self.options.max_ngram)
         self.acceptance = TagAcceptance()
         self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      self.context)
+                                      state.cost_curve)
         self.tags: list[tuple] = []  # tag of each token of the proposal being verified
 
     def propose(self, state: DecodeState) -> Proposal:

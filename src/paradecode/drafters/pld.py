@@ -37,10 +37,13 @@ class PromptLookupOptions:
 class PromptLookupDrafter(Drafter):
     Options = PromptLookupOptions
 
+    def wants_cost_curve(self) -> bool:
+        return self.options.schedule == "cost"
+
     def begin(self, state: DecodeState) -> None:
         self.index = NgramIndex(self.options.min_ngram, self.options.max_ngram)
         self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      self.context)
+                                      state.cost_curve)
 
     def propose(self, state: DecodeState) -> Proposal:
         length = min(self.schedule.length(), state.max_draft)

@@ -283,8 +283,9 @@ class CostSchedule(DraftSchedule):
 _KINDS = {"fixed": DraftSchedule, "heuristic": HeuristicSchedule, "cost": CostSchedule}
 
 
-def make_schedule(kind: str, num_draft: int, max_num_draft: int, context=None) -> DraftSchedule:
-    """A schedule; ``cost`` takes the verify cost curve of the context's backend (``Model.cost_curve``)."""
+def make_schedule(kind: str, num_draft: int, max_num_draft: int,
+                  cost_curve: dict[int, float] | None = None) -> DraftSchedule:
+    """A schedule; ``cost`` starts from the target's measured cost curve when given (``DecodeState.cost_curve``)."""
     if kind == "cost":
-        return CostSchedule(num_draft, max_num_draft, getattr(context, "cost_curve", None))
+        return CostSchedule(num_draft, max_num_draft, cost_curve)
     return _KINDS[kind](num_draft, max_num_draft)

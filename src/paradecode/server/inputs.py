@@ -7,7 +7,6 @@ raises ``RequestError``, which carries its HTTP status and OpenAI's error fields
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -15,9 +14,8 @@ from typing import Any, Callable, Mapping, Optional
 from starlette.requests import ClientDisconnect, Request
 
 from paradecode.config import GenerationConfig, SamplingConfig
-from paradecode.drafters.base import build_options
 from paradecode.errors import ParadecodeError
-from paradecode.registry import get_method
+from paradecode.registry import resolve_method
 from paradecode.server import protocol as p
 
 
@@ -103,24 +101,19 @@ def prompt_encoder(model, prompt) -> Callable[[], list[int]]:
 
 
 def decoding_method(extension: Optional[p.Extension], defaults: ServerDefaults) -> tuple[str, dict]:
-    """The request's method and options (the server's when not given), checked by the method registry."""
+    """The request's method and options (the server's when not given), checked by the method resolver."""
     method = (extension and extension.method) or defaults.method
     if extension is not None and extension.options is not None:
         options = dict(extension.options)
     else:
         options = dict(defaults.options) if method == defaults.method else {}
-    method_class = get_method(method)
-    takes_draft_model = dataclasses.is_dataclass(method_class.Options) and "draft_model" in {
-        f.name for f in dataclasses.fields(method_class.Options)}
     asked = options.get("draft_model")
     if asked is not None and asked != defaults.draft_model:
         raise RequestError(400, f"this server drafts with {defaults.draft_model or 'no draft model'} only "
                                 "(its --draft-model); requests cannot load other models.",
                            param="paradecode.options.draft_model")
-    if takes_draft_model and defaults.draft_model:
-        options.setdefault("draft_model", defaults.draft_model)
-    build_options(method_class, options)
-    return method, options
+    choice = resolve_method(method, options, defaults.draft_model)
+    return choice.name, choice.options
 
 
 def sampling_arguments(body: p.GenerationRequest, defaults: ServerDefaults) -> dict:

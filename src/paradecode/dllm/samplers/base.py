@@ -10,15 +10,16 @@ ones (Fast-dLLM's threshold and factor rules) decide the number from the confide
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from paradecode.errors import ParadecodeError
+from paradecode.registry import Registry, build_options
 
-_SAMPLERS: dict[str, type] = {}
+SAMPLERS = Registry("sampler", builtins="paradecode.dllm.samplers", name_attribute="name")
+register_sampler = SAMPLERS.register
+sampler_names = SAMPLERS.names
 
 
 @dataclass
@@ -70,34 +71,7 @@ def planned_counts(masked: int, steps: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(steps)]
 
 
-def register_sampler(name: str) -> Callable[[type], type]:
-    def wrap(cls: type) -> type:
-        _SAMPLERS[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
-
-
-def sampler_names() -> list[str]:
-    import paradecode.dllm.samplers  # noqa: F401  (registers the built-in samplers)
-
-    return sorted(_SAMPLERS)
-
-
 def build_sampler(name: str, options: dict[str, Any] | None = None) -> Sampler:
     """The sampler ``name`` with ``options`` (key -> value), every value checked."""
-    names = sampler_names()
-    if name not in _SAMPLERS:
-        raise ParadecodeError(f"unknown sampler {name!r}; choose one of: {', '.join(names)}.")
-    cls = _SAMPLERS[name]
-    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(fields))
-    if unknown:
-        allowed = ", ".join(fields) or "none"
-        raise ParadecodeError(f"sampler {name!r} has no option {', '.join(unknown)}; its options: {allowed}.")
-    for key, value in options.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParadecodeError(f"option {key} of sampler {name!r} must be a number, got {value!r}.")
-    return cls(cls.Options(**options))
+    cls = SAMPLERS.lookup(name)
+    return cls(build_options(cls, options or {}, f"sampler {name!r}"))

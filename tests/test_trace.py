@@ -12,7 +12,7 @@ import pytest
 
 from paradecode.api import Model
 from paradecode.backends.llama import LlamaBackend
-from paradecode.benchmark import commands
+from paradecode import commands
 from paradecode.cli import main
 from paradecode.trace import render_trace, trace_payload
 from test_benchmark import TinyTokenizer
@@ -72,6 +72,24 @@ def test_trace_payload_on_a_tiny_model_and_the_trace_command(tmp_path, monkeypat
                  "--out", str(out)]) == 0
     assert '"steps"' in out.read_text()
     assert main(["trace", "--method", "nope", "x", "--out", str(out)]) == 2
+
+
+def test_trace_runs_on_a_model_without_chat_template_and_matches_generate(tmp_path, capsys):
+    """``trace`` encodes the prompt as ``generate`` does (the chat template only where the model has one)."""
+    import json
+
+    from tiny import tiny_model_dir
+
+    model_dir = str(tiny_model_dir(tmp_path / "model"))  # a word-level tokenizer without a chat template
+    prompt = "w3 w4 w5 w3 w4 w5 w3 w4"
+    argv = ["--model", model_dir, "--method", "pld", "--max-new-tokens", "20", prompt]
+    assert main(["generate", "--json", *argv]) == 0
+    generated = json.loads(capsys.readouterr().out)
+    out = tmp_path / "t.html"
+    assert main(["trace", *argv, "--out", str(out)]) == 0, capsys.readouterr().err
+    data = re.search(r'<script type="application/json" id="trace-data">(.*?)</script>', out.read_text(), re.S)
+    traced = json.loads(data.group(1))
+    assert traced["token_ids"] == generated["token_ids"]
 
 
 def chromium(*args, timeout=60):

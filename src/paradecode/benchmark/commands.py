@@ -1,9 +1,8 @@
-"""The ``paradecode bench`` and ``paradecode trace`` commands (added to the CLI by ``add_commands``).
+"""The ``paradecode bench`` command (added to the CLI by ``add_commands``).
 
     paradecode bench --methods ar,pld,hf,hf-pld --per-category 1 --max-new-tokens 128 --out results/
-    paradecode trace --method pld "Write a Python function that ..." --out trace.html
 
-Both validate their arguments before loading a model and raise ``ParadecodeError`` for user mistakes (the CLI
+It validates its arguments before loading a model and raises ``ParadecodeError`` for user mistakes (the CLI
 prints the message and exits 2). An interrupted bench still writes results.json and report.md for the runs
 that finished; the CLI then exits 130.
 """
@@ -14,13 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from paradecode.cli import load_model
+from paradecode.arguments import add_model_arguments, load_model
 from paradecode.errors import ParadecodeError
 
 
 def add_commands(commands) -> None:
     from paradecode.benchmark.runner import DEFAULT_METHODS
-    from paradecode.cli import add_decoding_arguments, add_model_arguments
     from paradecode.models import DEFAULT_MODEL
 
     bench = commands.add_parser(
@@ -48,17 +46,6 @@ def add_commands(commands) -> None:
     bench.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the untimed warm-up (default: 8)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=run_bench)
-
-    trace = commands.add_parser(
-        "trace", help="write an HTML view of every decoding step",
-        description="Generate with a method and write a self-contained HTML file showing, step by step, what was "
-                    "drafted, accepted and rejected, and which step committed each token.")
-    trace.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or '-'")
-    add_model_arguments(trace, DEFAULT_MODEL)
-    add_decoding_arguments(trace)
-    trace.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
-    trace.add_argument("--out", default="trace.html", help="HTML file to write (default: trace.html)")
-    trace.set_defaults(run=run_trace)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -143,14 +130,16 @@ def run_bench(args: argparse.Namespace) -> int:
 def kept_state_settings(specs: list, first, warmup_tokens: int) -> dict:
     """For each method that keeps state across requests of the loaded model (``auto``: its estimates), whether
     it does here, so its answers after the first may run warm, and the untimed warm-up it learns from first."""
-    from paradecode.drafters.base import build_options
-    from paradecode.registry import get_method
+    from paradecode.registry import resolve_method
 
     kept = {}
     for spec in specs:
-        options = None if spec.peer else build_options(get_method(spec.method), spec.options)
-        if getattr(options, "keep", None) is not None:
-            kept[spec.name] = dict(kept_across_questions=options.keep,
+        if spec.peer:
+            continue
+        choice = resolve_method(spec.method, spec.options)
+        keeps = choice.drafter.kept_across_requests(choice.settings)
+        if keeps is not None:
+            kept[spec.name] = dict(kept_across_questions=keeps,
                                    warmup=dict(question_id=first.question_id, tokens=warmup_tokens))
     return kept
 
@@ -164,28 +153,3 @@ def _overall_lines(results: dict) -> str:
     end = text.find("\n## ", start + 1)
     return text[start: end if end > 0 else None].strip()
 
-
-def run_trace(args: argparse.Namespace) -> int:
-    from paradecode.cli import method_options, read_prompt
-    from paradecode.config import SamplingConfig
-    from paradecode.trace import render_trace, trace_payload
-
-    options = method_options(args)
-    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)  # fail fast on bad sampling values
-    if args.max_new_tokens < 1:
-        raise ParadecodeError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}.")
-    prompt = read_prompt(args.prompt)
-    out = Path(args.out)
-    if out.is_dir():
-        raise ParadecodeError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'trace.html'}.")
-    model = load_model(args)
-    result = model.generate(prompt, method=args.method, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                            stop=args.stop, chat=not args.raw, options=options)
-    payload = trace_payload(model, result, method=args.method, options=options, prompt=prompt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_trace(payload), encoding="utf-8")
-    s = result.stats
-    print(f"paradecode: wrote {out}: {s.new_tokens} tokens in {len(s.steps)} steps, "
-          f"{s.mean_accepted:.2f} tokens/forward", file=sys.stderr)
-    return 0

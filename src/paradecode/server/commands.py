@@ -21,7 +21,7 @@ SERVER_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
 
 
 def add_commands(commands) -> None:
-    from paradecode.cli import add_decoding_arguments, add_model_arguments
+    from paradecode.arguments import add_decoding_arguments, add_model_arguments
     from paradecode.models import DEFAULT_MODEL
 
     serve = commands.add_parser(
@@ -55,7 +55,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ParadecodeError(f"`paradecode serve` needs {', '.join(missing)}: pip install 'paradecode[serve]'")
     import uvicorn
 
-    from paradecode.cli import load_model
+    from paradecode.arguments import load_model
     from paradecode.server.app import create_app
 
     defaults = server_defaults(args)
@@ -76,7 +76,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def server_defaults(args: argparse.Namespace):
     """The server's defaults from the flags, checked as a request's would be, before the model loads."""
     from paradecode.config import GenerationConfig, SamplingConfig
-    from paradecode.registry import get_method, parse_options
+    from paradecode.registry import parse_options, resolve_method
     from paradecode.server.inputs import ServerDefaults, decoding_method
 
     if not 0 <= args.port <= 65535:
@@ -90,11 +90,9 @@ def server_defaults(args: argparse.Namespace):
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
         max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting)
     method, options = decoding_method(None, defaults)
-    GenerationConfig(max_new_tokens=args.max_new_tokens, stop=defaults.stop,
-                     sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
-    if args.temperature > 0 and not get_method(method).lossless_sampling:
-        raise ParadecodeError(f"method {method!r} cannot sample exactly from the model's distribution; use "
-                              "--temperature 0 with it, or another method.")
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=defaults.stop,
+                              sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
+    resolve_method(method, options).check_sampling(config.sampling.greedy)
     return defaults
 
 

@@ -1,0 +1,87 @@
+"""What the command modules share: the model and decoding flags, loading the model they name, the method they
+ask for, the prompt they read, and checks on numbers given on the command line.
+
+Each ``commands.py`` (beside the code it drives) builds its subcommands with these helpers; ``cli.py`` only
+dispatches. A user mistake raises ``ParadecodeError``: the CLI prints it on one line and exits ``EXIT_USAGE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from paradecode.errors import ParadecodeError
+
+EXIT_USAGE = 2
+EXIT_NOT_LOSSLESS = 3  # generate --verify: the method's output differs from plain autoregressive decoding
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> None:
+    parser.add_argument("--model", "-m", default=default_model,
+                        help=f"built-in name, .gguf file or HF model directory (default: {default_model})")
+    parser.add_argument("--backend", default="auto", choices=("auto", "llama", "hf"),
+                        help="auto: our reference Llama transformer for Llama models, transformers otherwise")
+    from paradecode.api import DTYPES
+
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="weights: int8 (llama backend: int8 weights and activations, 2-3x faster on a CPU), "
+                             "fp32 (agrees with transformers), auto (default): int8 where its measured perplexity "
+                             "is within 1%% of fp32 (see `paradecode models`), else fp32")
+    parser.add_argument("--cache-dir", help="model cache folder (default: $PARADECODE_CACHE or ~/.cache/paradecode)")
+
+
+def load_model(args: argparse.Namespace, dtype: str | None = None):
+    """``paradecode.load`` with the model arguments of ``add_model_arguments`` (``dtype`` overrides ``--dtype``)."""
+    import paradecode
+
+    return paradecode.load(args.model, backend=args.backend, dtype=dtype or args.dtype, cache_dir=args.cache_dir)
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, temperature_help: str | None = None) -> None:
+    """--method, --opt, --draft-model and the sampling flags. ``temperature_help`` replaces the default help of
+    --temperature (and makes its default None, for a command that decides what no temperature means)."""
+    parser.add_argument("--method", default="ar", help="decoding method (see `paradecode methods`; default: ar)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
+    if temperature_help is None:
+        parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 samples")
+        parser.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: off)")
+        parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    else:
+        parser.add_argument("--temperature", type=float, default=None, help=temperature_help)
+        parser.add_argument("--top-k", type=int, default=None,
+                            help="sample from the k most likely tokens (0: off; default: see --temperature)")
+        parser.add_argument("--top-p", type=float, default=None,
+                            help="nucleus sampling mass (1: off; default: see --temperature)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--draft-model", help="draft model for --method draft (name, .gguf or directory)")
+    parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                        help="method option, e.g. --opt num_draft=4 (repeatable)")
+
+
+def method_options(args: argparse.Namespace) -> dict:
+    """Validate --method / --opt / --draft-model before any model is loaded, so mistakes fail fast."""
+    from paradecode.registry import parse_options, resolve_method
+
+    options = parse_options(args.opt)
+    if args.draft_model:
+        options["draft_model"] = args.draft_model  # a method without a draft model refuses it
+    return resolve_method(args.method, options).options
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The prompt argument, or standard input when it is absent or '-'."""
+    if prompt is None or prompt == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ParadecodeError("no prompt: pass it as an argument or pipe it on stdin.")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise ParadecodeError("the prompt is empty: give some text to continue or a question to answer.")
+    return prompt
+
+
+def positive(name: str, value: int) -> int:
+    """``value`` of the flag ``name``, refused unless it is at least 1."""
+    if value < 1:
+        raise ParadecodeError(f"{name} must be a positive integer, got {value}.")
+    return value

@@ -81,3 +81,16 @@ def test_the_cost_curve_is_measured_only_for_a_drafter_that_asks(monkeypatch, mo
     assert measured == []
     model.generate("w3 w4 w3 w4", method="pld", max_new_tokens=4)  # the cost schedule reads it
     assert measured == [1]
+
+
+def test_lookahead_takes_snake_case_options_and_its_old_names_with_a_warning():
+    from tiny import PROMPTS, run, tiny_backend
+
+    backend = tiny_backend(1, sharp=4.0)
+    new, _ = run(backend, "lookahead", PROMPTS[0], window=4, ngram_size=4, candidates=3)
+    with pytest.warns(FutureWarning, match="option W of method 'lookahead' is now called window"):
+        old, _ = run(backend, "lookahead", PROMPTS[0], W=4, N=4, G=3)
+    assert old == new
+    assert resolve_method("lookahead", {"G": 3}).options == {"candidates": 3}
+    with pytest.raises(ParadecodeError, match="both W and window"):
+        resolve_method("lookahead", {"W": 3, "window": 4})

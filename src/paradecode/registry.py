@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -164,8 +165,17 @@ def resolve_method(name: str, options: Mapping[str, Any] | None = None,
 
 def resolve_drafter(cls: type["Drafter"], options: Mapping[str, Any] | None = None,
                     draft_model: str | None = None) -> MethodChoice:
-    """``resolve_method`` for a drafter class already looked up."""
+    """``resolve_method`` for a drafter class already looked up. An option under its old name
+    (``cls.renamed_options``) is taken under the new one, with a FutureWarning."""
     options = dict(options or {})
+    for old, new in cls.renamed_options.items():
+        if old in options:
+            if new in options:
+                raise ParadecodeError(f"method {cls.method_name!r} got both {old} and {new}: {old} is the old name "
+                                      f"of {new}; give {new} only.")
+            warnings.warn(f"option {old} of method {cls.method_name!r} is now called {new}; the old name still "
+                          "works but will go away.", FutureWarning, stacklevel=2)
+            options[new] = options.pop(old)
     if draft_model and takes_draft_model(cls):
         options.setdefault("draft_model", draft_model)
     return MethodChoice(cls.method_name, cls, options, build_options(cls, options))

@@ -17,7 +17,7 @@ import torch
 
 from paradecode.backends.base import Backend
 from paradecode.config import SamplingConfig
-from paradecode.registry import build_options
+from paradecode.registry import build_options, resolve_drafter  # noqa: F401  (build_options: re-exported)
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import draw_draft_token
 
@@ -90,6 +90,7 @@ class Drafter:
     # it with ``begin`` after steps another drafter took).
     observe_optional: ClassVar[bool] = False
     draft_forward_passes: int = 0  # forward passes of the drafter's own model (a draft model, a head, layer skip)
+    renamed_options: ClassVar[dict[str, str]] = {}  # old option name -> new one, still accepted (with a warning)
 
     def __init__(self, options: Any = None, context: DrafterContext | None = None) -> None:
         self.options = options
@@ -97,7 +98,7 @@ class Drafter:
 
     @classmethod
     def create(cls, options: dict[str, Any] | None = None, context: DrafterContext | None = None) -> "Drafter":
-        return cls(build_options(cls, options or {}), context)
+        return resolve_drafter(cls, options).create(context)
 
     @classmethod
     def kept_across_requests(cls, options: Any) -> bool | None:

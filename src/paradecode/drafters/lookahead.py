@@ -2,26 +2,28 @@
 
 Each step's one target forward pass carries two branches next to the root:
 
-- **verification**: up to ``G`` n-grams from the pool whose first token is the root, proposed as a tree that
+- **verification**: up to ``candidates`` n-grams from the pool whose first token is the root, proposed as a tree that
   shares common prefixes (or, when the backend verifies chains only, the most recent one as a chain). The
   engine verifies them exactly like any draft, so greedy output equals autoregressive decoding and sampling
   stays exact (deterministic drafts: every emitted token is a draw from p).
-- **lookahead**: a 2-D Jacobi window of ``N - 1`` levels and ``W`` columns, riding along as extra inputs
+- **lookahead**: a 2-D Jacobi window of ``ngram_size - 1`` levels and ``window`` columns, riding along as extra inputs
   (never verified). The root is column 0 of level 0; token (level l, column j) sits j + l positions after
   the root and sees the root, level 0's columns before j and its own column's levels 1..l, so its context is
   the contiguous guess ``root, level0[1..j], level1[j], ..., level_l[j]``. Extras never see draft nodes.
 
-After the pass, column j of the window plus the target's prediction after its top token is an N-gram
-(positions j .. j + N - 1 after the root) that goes into the pool. Then the window advances one Jacobi step:
-level l + 1 becomes level l (level 0 drops column 0, which the next root replaces) and the predictions
-become the new top level. Like the paper, the window advances one position per step however many tokens
-were accepted. The pool also takes every N-gram of the prompt (at ``begin``) and of the committed output.
+After the pass, column j of the window plus the target's prediction after its top token is an n-gram of
+``ngram_size`` tokens (positions j .. j + ngram_size - 1 after the root) that goes into the pool. Then the
+window advances one Jacobi step: level l + 1 becomes level l (level 0 drops column 0, which the next root
+replaces) and the predictions become the new top level. Like the paper, the window advances one position per step however many tokens
+were accepted. The pool also takes every n-gram of the prompt (at ``begin``) and of the committed output.
+The paper's names for the options, ``W``, ``N`` and ``G``, are still accepted (with a warning).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -35,24 +37,24 @@ from paradecode.verify.base import Verdict
 
 @dataclass(frozen=True)
 class LookaheadOptions:
-    # Defaults for small models on CPU, where every token fed costs: the smallest window whose n-grams still
-    # raise acceptance measurably on SmolLM2-135M (W <= 2 adds nothing over the prompt/output n-grams).
-    W: int = 3  # lookahead window width (columns)
-    N: int = 3  # n-gram size; the window has N - 1 levels
-    G: int = 2  # most n-grams verified per step (and kept per first token)
+    # Defaults for small models on CPU, where every token fed costs (docs/specbench-65q compares others).
+    window: int = 3  # lookahead window width (columns); the paper's W
+    ngram_size: int = 3  # n-gram size; the window has ngram_size - 1 levels; the paper's N
+    candidates: int = 2  # most n-grams verified per step (and kept per first token); the paper's G
     pool_keys: int = 4096  # most first tokens the pool remembers (LRU)
 
     def __post_init__(self) -> None:
-        if self.W < 1 or self.N < 3 or self.G < 0 or self.pool_keys < 1:
+        if self.window < 1 or self.ngram_size < 3 or self.candidates < 0 or self.pool_keys < 1:
             raise ParadecodeError(
-                f"lookahead needs W >= 1, N >= 3, G >= 0 and pool_keys >= 1, got W={self.W}, N={self.N}, "
-                f"G={self.G}, pool_keys={self.pool_keys}."
+                "lookahead needs window >= 1, ngram_size >= 3, candidates >= 0 and pool_keys >= 1, got "
+                f"window={self.window}, ngram_size={self.ngram_size}, candidates={self.candidates}, "
+                f"pool_keys={self.pool_keys}."
             )
 
 
 def window_offsets(width: int, depth: int) -> list[int]:
-    """Distance from the root of each window token, in extras order: level 0 (columns 1..W-1), then levels
-    1..N-2 (columns 0..W-1)."""
+    """Distance from the root of each window token, in extras order: level 0 (columns 1..width-1), then levels
+    1..depth-2 (columns 0..width-1); ``depth`` is the n-gram size."""
     return [j for j in range(1, width)] + [j + level for level in range(1, depth - 1) for j in range(width)]
 
 
@@ -79,21 +81,23 @@ def window_mask(width: int, depth: int) -> torch.Tensor:
 @register("lookahead")
 class LookaheadDrafter(Drafter):
     Options = LookaheadOptions
+    renamed_options: ClassVar[dict[str, str]] = {"W": "window", "N": "ngram_size", "G": "candidates"}
 
     def begin(self, state: DecodeState) -> None:
         o = self.options
-        self.pool = NgramPool(per_key=max(o.G, 1), max_keys=o.pool_keys)
-        self.pool.add_all(state.tokens, o.N)
+        width, size = o.window, o.ngram_size
+        self.pool = NgramPool(per_key=max(o.candidates, 1), max_keys=o.pool_keys)
+        self.pool.add_all(state.tokens, size)
         self.harvested = len(state.tokens)  # n-grams ending before this index are in the pool
-        self.offsets = window_offsets(o.W, o.N)
-        self.mask = window_mask(o.W, o.N)  # [E, 1 + E]
+        self.offsets = window_offsets(width, size)
+        self.mask = window_mask(width, size)  # [E, 1 + E]
         seeded = random.Random(0)  # the window starts from prompt tokens, as in the paper's code
-        self.levels = [[seeded.choice(state.tokens) for _ in range(o.W - (level == 0))] for level in range(o.N - 1)]
-        self.trajectory_steps = 0  # Jacobi steps so far: levels above 0 are model-made once this reaches N - 2
+        self.levels = [[seeded.choice(state.tokens) for _ in range(width - (level == 0))] for level in range(size - 1)]
+        self.trajectory_steps = 0  # Jacobi steps so far: levels above 0 are model-made once this reaches size - 2
         self.pool_hits = 0
 
     def propose(self, state: DecodeState) -> Proposal:
-        candidates = self.pool.candidates(state.tokens[-1], self.options.G)
+        candidates = self.pool.candidates(state.tokens[-1], self.options.candidates)
         if not state.supports_tree:
             candidates = candidates[:1]
         tokens, parents = merge_prefix_tree([list(c) for c in candidates], budget=sum(map(len, candidates)))
@@ -110,19 +114,19 @@ class LookaheadDrafter(Drafter):
         return proposal
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        o = self.options
+        width, size = self.options.window, self.options.ngram_size
         if verdict.accepted:
             self.pool_hits += 1
         if verdict.extra_logits is not None:
             predicted = verdict.extra_logits.argmax(dim=-1).tolist()  # [E]
-            top = [predicted[window_index(o.W, o.N - 2, j)] for j in range(o.W)]  # after each top-level token
-            if self.trajectory_steps >= o.N - 2:
+            top = [predicted[window_index(width, size - 2, j)] for j in range(width)]  # after each top-level token
+            if self.trajectory_steps >= size - 2:
                 row0 = [state.tokens[-1 - len(verdict.committed_tokens)]] + self.levels[0]  # root + level 0
-                for j in range(o.W):
-                    self.pool.add([row0[j]] + [self.levels[level][j] for level in range(1, o.N - 1)] + [top[j]])
+                for j in range(width):
+                    self.pool.add([row0[j]] + [self.levels[level][j] for level in range(1, size - 1)] + [top[j]])
             self.levels = [self.levels[1][1:]] + self.levels[2:] + [top]
             self.trajectory_steps += 1
-        self.pool.add_all(state.tokens, o.N, start=self.harvested - o.N + 1)
+        self.pool.add_all(state.tokens, size, start=self.harvested - size + 1)
         self.harvested = len(state.tokens)
 
     def summary(self) -> dict:

@@ -25,7 +25,7 @@ from paradecode.backends import DTYPES as DTYPE_CHOICES
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.errors import ParadecodeError
 TEMPERATURE_HELP = ("0 decodes greedily, > 0 samples. Without it a chat prompt samples with the model's "
-                    "recommended settings (its generation_config.json, else its card, else llama.cpp's 0.8, "
+                    "recommended settings (its generation_config.json, else llama.cpp's temperature 0.8, "
                     "top-k 40, top-p 0.95) and a seed printed with the stats, so --seed repeats the run; "
                     "--raw prompts and --verify decode greedily")
 
@@ -37,7 +37,7 @@ def add_commands(commands) -> None:
                               description="Generate text from a prompt (argument or stdin) with a decoding method.")
     gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent or '-'")
     add_model_arguments(gen, DEFAULT_MODEL)
-    add_decoding_arguments(gen)
+    add_decoding_arguments(gen, temperature_help=TEMPERATURE_HELP)
     gen.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, sampling")
     gen.add_argument("--trace", action="store_true", help="with --json: include every step's draft and verdict")
@@ -147,9 +147,23 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def generate_sampling(args: argparse.Namespace, model) -> tuple[SamplingConfig, str | None]:
-    """What ``generate`` samples with (the user's flags), and None: the settings are the user's own."""
-    return SamplingConfig(args.temperature or 0.0, args.top_k or 0, 1.0 if args.top_p is None else args.top_p,
-                          args.seed), None
+    """What ``generate`` samples with, and where the settings come from when the user gave no temperature
+    (None when they are the user's own). A chat prompt without --temperature (and without --verify) samples
+    with the model's recommended settings; anything else decodes greedily unless --temperature says otherwise.
+    Sampling without --seed draws a seed, so the run can be repeated."""
+    from paradecode.models import recommended_sampling
+
+    source = None
+    temperature, top_k, top_p = args.temperature or 0.0, args.top_k or 0, 1.0 if args.top_p is None else args.top_p
+    if args.temperature is None and model.chat and not args.raw and not args.verify:
+        recommended = recommended_sampling(model.model_dir)
+        temperature, source = recommended.temperature, recommended.source
+        top_k = recommended.top_k if args.top_k is None else args.top_k
+        top_p = recommended.top_p if args.top_p is None else args.top_p
+    seed = args.seed
+    if temperature > 0 and seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    return SamplingConfig(temperature, top_k, top_p, seed), source
 
 
 # -- models, methods --------------------------------------------------------------------------------------

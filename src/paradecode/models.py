@@ -23,6 +23,21 @@ from paradecode.errors import ParadecodeError
 
 
 @dataclass(frozen=True)
+class RecommendedSampling:
+    """How a model's authors suggest sampling from it: what chat generation uses when the user gives no
+    temperature (``paradecode generate``)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    source: str  # where the values come from, for the user
+
+
+# For a model that recommends nothing: llama.cpp's defaults.
+FALLBACK_SAMPLING = RecommendedSampling(0.8, 40, 0.95, "llama.cpp's defaults")
+
+
+@dataclass(frozen=True)
 class BuiltinModel:
     name: str
     description: str
@@ -77,6 +92,22 @@ def default_dtype(model: str, backend: str = "auto") -> str:
     if backend == "hf" or model not in BUILTIN_MODELS:
         return "fp32"
     return BUILTIN_MODELS[model].default_dtype
+
+
+def recommended_sampling(model_dir: Path) -> RecommendedSampling:
+    """The model's recommended sampling: its ``generation_config.json`` when that names a temperature (with
+    transformers' defaults, top-k 50 and top-p 1, for what it leaves out), else ``FALLBACK_SAMPLING``."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        config = {}
+    temperature = config.get("temperature") if isinstance(config, dict) else None
+    if isinstance(temperature, (int, float)) and temperature > 0 and config.get("do_sample") is not False:
+        top_k, top_p = config.get("top_k", 50), config.get("top_p", 1.0)
+        if isinstance(top_k, int) and top_k >= 0 and isinstance(top_p, (int, float)) and 0 < top_p <= 1:
+            return RecommendedSampling(float(temperature), top_k, float(top_p), str(path))
+    return FALLBACK_SAMPLING
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:

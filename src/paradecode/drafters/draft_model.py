@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal, draft_chain
-from paradecode.drafters.schedule import check_schedule_options, make_schedule
+from paradecode.drafters.base import DecodeState, Proposal, draft_chain
+from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -34,7 +34,7 @@ class DraftModelOptions:
 
 
 @register("draft")
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(ScheduledDrafter):
     Options = DraftModelOptions
 
     def __init__(self, options: DraftModelOptions, context) -> None:
@@ -45,14 +45,10 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # tokens whose keys/values sit in the draft backend's cache
         self.draft_forward_passes = 0
 
-    def wants_cost_curve(self) -> bool:
-        return self.options.schedule == "cost"
-
     def begin(self, state: DecodeState) -> None:
         self.backend.reset()
         self.cached = []
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      state.cost_curve)
+        self.schedule = self.new_schedule(state)
 
     def propose(self, state: DecodeState) -> Proposal:
         proposal = self._draft(state, self.schedule.length())

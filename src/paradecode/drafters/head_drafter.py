@@ -20,8 +20,8 @@ from typing import ClassVar
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
-from paradecode.drafters.schedule import check_schedule_options, make_schedule
+from paradecode.drafters.base import DecodeState, Proposal
+from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options, make_schedule
 from paradecode.drafters.tree import tree_parents
 from paradecode.errors import ParadecodeError
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
@@ -123,7 +123,7 @@ class Calibration:
                 self.hits[b] += node in kept
 
 
-class HeadDrafter(Drafter):
+class HeadDrafter(ScheduledDrafter):
     """Base of ``eagle`` and ``medusa``: loads the head named by the ``head`` option for the context's model."""
 
     kind: ClassVar[str] = ""
@@ -140,11 +140,9 @@ class HeadDrafter(Drafter):
         self.module = self.runtime.module
         self.draft_forward_passes = 0
 
-    def wants_cost_curve(self) -> bool:
-        return self.options.schedule == "cost"
-
     def begin(self, state: DecodeState) -> None:
-        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth, state.cost_curve)
+        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth,
+                                      state.cost_curve)
         self.scheduled = False
         self.cutting = False
         self.calibration = Calibration()

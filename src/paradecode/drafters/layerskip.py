@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal, draft_chain
-from paradecode.drafters.schedule import check_schedule_options, make_schedule
+from paradecode.drafters.base import DecodeState, Proposal, draft_chain
+from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -78,11 +78,8 @@ def parse_layer_set(spec: str | int) -> frozenset[int]:
 
 
 @register("layerskip")
-class LayerSkipDrafter(Drafter):
+class LayerSkipDrafter(ScheduledDrafter):
     Options = LayerSkipOptions
-
-    def wants_cost_curve(self) -> bool:
-        return self.options.schedule == "cost"
 
     def begin(self, state: DecodeState) -> None:
         target = state.target
@@ -104,8 +101,7 @@ class LayerSkipDrafter(Drafter):
                 raise ParadecodeError(f"layerskip exit_layer is {exit_layer}, but the model has {total} layers.")
             self.layer_args = {"exit_layer": exit_layer}
             self.description = f"first {exit_layer} of {total} layers"
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      state.cost_curve)
+        self.schedule = self.new_schedule(state)
         self.draft_forward_passes = 0
 
     def propose(self, state: DecodeState) -> Proposal:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
-from paradecode.drafters.schedule import check_schedule_options, make_schedule
+from paradecode.drafters.base import DecodeState, Proposal
+from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -105,17 +105,13 @@ class TagAcceptance:
 
 
 @register("ngram")
-class NgramDrafter(Drafter):
+class NgramDrafter(ScheduledDrafter):
     Options = NgramOptions
-
-    def wants_cost_curve(self) -> bool:
-        return self.options.schedule == "cost"
 
     def begin(self, state: DecodeState) -> None:
         self.table = NgramTable(self.options.min_ngram, self.options.max_ngram)
         self.acceptance = TagAcceptance()
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      state.cost_curve)
+        self.schedule = self.new_schedule(state)
         self.tags: list[tuple] = []  # tag of each token of the proposal being verified
 
     def propose(self, state: DecodeState) -> Proposal:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.ngram_index import NgramIndex
-from paradecode.drafters.schedule import check_schedule_options, make_schedule
+from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options
 from paradecode.errors import ParadecodeError
 from paradecode.registry import register
 from paradecode.verify.base import Verdict
@@ -34,16 +34,12 @@ class PromptLookupOptions:
 
 
 @register("pld")
-class PromptLookupDrafter(Drafter):
+class PromptLookupDrafter(ScheduledDrafter):
     Options = PromptLookupOptions
-
-    def wants_cost_curve(self) -> bool:
-        return self.options.schedule == "cost"
 
     def begin(self, state: DecodeState) -> None:
         self.index = NgramIndex(self.options.min_ngram, self.options.max_ngram)
-        self.schedule = make_schedule(self.options.schedule, self.options.num_draft, self.options.max_num_draft,
-                                      state.cost_curve)
+        self.schedule = self.new_schedule(state)
 
     def propose(self, state: DecodeState) -> Proposal:
         length = min(self.schedule.length(), state.max_draft)

@@ -17,7 +17,9 @@
                steps and twice as long a wait after each probe that does not change the choice, lets the
                acceptance estimate recover at a cost that shrinks over time.
 
-A drafter calls ``length()`` at the start of ``propose``, ``proposed(n)`` once it has drafted n tokens, and
+A drafter with a ``schedule`` option derives from ``ScheduledDrafter``, which builds the schedule for each
+request (``new_schedule``) and asks the model for its measured cost curve when the schedule is ``cost``.
+It calls ``length()`` at the start of ``propose``, ``proposed(n)`` once it has drafted n tokens, and
 ``update(accepted)`` from ``observe``. Time between ``proposed`` and the next ``length`` is the step's verify
 cost (the target forward plus the engine's per-step work); time between ``length`` and ``proposed`` is drafting.
 A drafter that can estimate the chance of each of its own tokens (``ngram``) calls ``candidates()`` instead of
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import time
 
+from paradecode.drafters.base import DecodeState, Drafter
 from paradecode.errors import ParadecodeError
 
 SCHEDULES = ("fixed", "heuristic", "cost")
@@ -289,3 +292,16 @@ def make_schedule(kind: str, num_draft: int, max_num_draft: int,
     if kind == "cost":
         return CostSchedule(num_draft, max_num_draft, cost_curve)
     return _KINDS[kind](num_draft, max_num_draft)
+
+
+class ScheduledDrafter(Drafter):
+    """A drafter whose draft length follows its ``schedule`` option (with ``num_draft`` and ``max_num_draft``,
+    unless it builds its schedule from other options)."""
+
+    def wants_cost_curve(self) -> bool:
+        return self.options.schedule == "cost"
+
+    def new_schedule(self, state: DecodeState) -> DraftSchedule:
+        """The schedule for the request starting with ``state``."""
+        o = self.options
+        return make_schedule(o.schedule, o.num_draft, o.max_num_draft, state.cost_curve)

@@ -33,7 +33,7 @@ from paradecode.verify.base import Verdict
 @dataclass(frozen=True)
 class EagleOptions:
     head: str = ""  # head folder (config.json + head.safetensors); "" = the head shipped for the model
-    tree: bool = False  # True: EAGLE-2's dynamic tree (a chain was faster on a 2-core CPU, see docs/heads.md)
+    tree: bool = False  # True: EAGLE-2's dynamic tree; False: a chain (docs/heads.md compares them)
     budget: int = 16  # most tree nodes per step
     branching: int = 4  # most children per node
     width: int = 4  # nodes expanded per head forward

@@ -42,8 +42,8 @@ PAD_ID = 0
 
 @dataclass(frozen=True)
 class JacobiOptions:
-    # Defaults: what measured fastest on a small model on CPU. Plain Jacobi (variant=jacobi, init=pad) is the
-    # papers' method but commits ~1.04 tokens per forward there, so its wider forwards only cost time.
+    # Defaults: what measured fastest on a small model on CPU (docs/methods.md); the papers' method is
+    # variant=jacobi, init=pad.
     window: int = 3  # guesses scored per step (block size for variant=gs)
     init: str = "ngram"  # how new guesses start: pad | repeat-last | ngram
     variant: str = "gs"  # jacobi (sliding window) | gs (Gauss-Seidel-Jacobi blocks)

@@ -11,14 +11,11 @@ the engine's verify pass then rewrites those slots with every layer. Under sampl
 from q = the partial model's logits under the request's SamplingConfig, and q goes back with the proposal for
 exact speculative sampling.
 
-It pays only on models trained for it (LayerSkip's early-exit loss and layer dropout). On SmolLM2-135M a
-cheap draft is mostly wrong and a good one costs nearly a full forward per token (every pass also pays the
-49k-row LM head, ~20% of a forward): exiting at 15 of 30 layers agrees with the full model on 12% of tokens,
-at 28 on about half; skipping layers 3-4 does better (2.7 tokens per verify pass with 2-token drafts) but
-costs about 0.9 of a forward per draft token, so every fixed setting is slower than plain decoding there. Hence the
-default ``cost`` schedule, which drafts only while it pays and otherwise falls back to plain decoding with a
-one-token probe every few steps. Its draft lengths follow measured time, so a seeded *sampled* output is an
-exact sample but not bit-for-bit repeatable; pass ``schedule=fixed`` (or ``heuristic``) for that.
+It pays only on models trained for it (LayerSkip's early-exit loss and layer dropout); docs/methods.md has
+the measurements on a model that was not. The default ``cost`` schedule drafts only while it pays and
+otherwise falls back to plain decoding with a one-token probe every few steps. Its draft lengths follow
+measured time, so a seeded *sampled* output is an exact sample but not bit-for-bit repeatable; pass
+``schedule=fixed`` (or ``heuristic``) for that.
 """
 
 from __future__ import annotations
@@ -52,9 +49,8 @@ class LayerSkipOptions:
 
 
 def default_exit_layer(num_layers: int) -> int:
-    """90% of the layers, and never all of them. Models not trained for early exit (SmolLM2) are only
-    predictive in their last few layers: on SmolLM2-135M an exit at 15 of 30 layers agrees with the full
-    model on 12% of tokens, at 24 on 35%, at 27-28 on about half."""
+    """90% of the layers, and never all of them: models not trained for early exit are only predictive in
+    their last few layers (docs/methods.md)."""
     return max(1, min(num_layers - 1, round(0.9 * num_layers)))
 
 

@@ -37,7 +37,7 @@ from paradecode.verify.base import Verdict
 
 @dataclass(frozen=True)
 class LookaheadOptions:
-    # Defaults for small models on CPU, where every token fed costs (docs/specbench-65q compares others).
+    # Defaults for small models on CPU, where every token fed costs (docs/methods.md).
     window: int = 3  # lookahead window width (columns); the paper's W
     ngram_size: int = 3  # n-gram size; the window has ngram_size - 1 levels; the paper's N
     candidates: int = 2  # most n-grams verified per step (and kept per first token); the paper's G

@@ -23,7 +23,7 @@ from paradecode.verify.base import Verdict
 @dataclass(frozen=True)
 class MedusaOptions:
     head: str = ""  # head folder (config.json + head.safetensors); "" = the heads shipped for the model
-    tree: bool = False  # True: a tree of the heads' top tokens (a chain was faster on a 2-core CPU)
+    tree: bool = False  # True: a tree of the heads' top tokens; False: a chain (docs/heads.md compares them)
     budget: int = 12  # most tree nodes per step
     branching: int = 3  # most children per node
     width: int = 12  # nodes offered per round (all heads are computed at once, so wide rounds cost nothing)

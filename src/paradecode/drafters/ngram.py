@@ -9,9 +9,8 @@ past the end of one copied span into another and follows the most frequent conti
 latest one, which prompt lookup (``pld``) cannot.
 
 It also learns how far to trust itself. A guess is tagged (n, how often that successor was seen, whether it
-followed most occurrences of the suffix), and the verdicts keep a decaying acceptance rate per tag; on
-Spec-Bench answers a 4-gram majority guess is accepted ~80% of the time, a 1-gram minority one ~20%. Their
-product along the draft estimates the chance that its first 1, 2, ... tokens are accepted. With the default
+followed most occurrences of the suffix), and the verdicts keep a decaying acceptance rate per tag (kinds
+of guess differ widely: docs/methods.md). Their product along the draft estimates the chance that its first 1, 2, ... tokens are accepted. With the default
 ``cost`` schedule those chances decide the draft's length: it keeps the prefix that maximises expected tokens
 per second under the measured cost of a verify pass (``drafters.schedule``). With the other schedules
 drafting stops at the schedule's length or when that chance falls below ``min_accept``.

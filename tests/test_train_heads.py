@@ -248,3 +248,18 @@ def test_training_can_start_from_a_saved_head(data, tmp_path):
         train_head(data.rows, data.target, "tiny", tmp_path / "bad",
                    dataclasses.replace(config, kind="medusa", init=str(tmp_path / "first")), log=lambda m: None,
                    progress=False)
+
+
+def test_train_draft_head_answers_every_source_into_its_folder_then_trains(tmp_path):
+    from paradecode.training.pipeline import train_draft_head
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=5)
+    sets = [(source, [f"w{i} w{i + 1} w{i + 2}" for i in range(start, start + 10)])
+            for source, start in (("a.jsonl", 2), ("b.jsonl", 20))]
+    saved = train_draft_head("tiny", model_dir, sets, tmp_path / "head", tmp_path / "data",
+                             DistillConfig(max_new_tokens=6, batch_size=4, teacher="fp32"),
+                             TrainConfig(kind="medusa", epochs=1, batch_size=2, draft_vocab=0, medusa_heads=2, holdout=4),
+                             log=lambda m: None, progress=False, info={"command": "test"})
+    assert (tmp_path / "data" / "a").is_dir() and (tmp_path / "data" / "b").is_dir()
+    assert (tmp_path / "head" / "head.safetensors").is_file()
+    assert saved["training"]["answers"] == 20 and saved["training"]["command"] == "test"

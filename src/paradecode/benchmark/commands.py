@@ -93,19 +93,13 @@ def run_bench(args: argparse.Namespace) -> int:
         context["model_info"] = dict(name=model.name, model_dir=str(model.model_dir),
                                      backend=type(model.backend).__name__, dtype=model.dtype, chat=model.chat,
                                      max_length=getattr(model.backend, "max_length", None))
-        models = {model.dtype: model}  # a variant with --opt LABEL.dtype=D runs on a copy of the model in D
-        for dtype in {spec.dtype for spec in specs} - {None, model.dtype}:
-            models[dtype] = load_model(args, dtype)
-        if len(models) > 1:
+        contenders, skipped, copies = runner.contenders(specs, model, lambda dtype: load_model(args, dtype),
+                                                        args.draft_model)
+        if copies:
             context["settings"]["variant_dtypes"] = {s.name: s.dtype for s in specs if s.dtype}
-        contenders = []
-        for spec in specs:
-            reason = spec.peer.unavailable(model) if spec.peer else None
-            if reason:
-                context["skipped"][spec.name] = reason
-                print(f"paradecode: skipping {spec.name}: {reason}", file=sys.stderr)
-            else:
-                contenders.append(runner.Contender(spec, models[spec.dtype or model.dtype], args.draft_model))
+        for name, reason in skipped.items():
+            context["skipped"][name] = reason
+            print(f"paradecode: skipping {name}: {reason}", file=sys.stderr)
         if not contenders:
             raise ParadecodeError("none of the requested methods can run here: " +
                                   "; ".join(f"{m}: {why}" for m, why in context["skipped"].items()) + ".")

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from paradecode.backends import DTYPES
 from paradecode.tree_layout import tree_depths
@@ -151,6 +151,24 @@ class Contender:
                     accepted_lengths=[s.accepted_len for s in stats.steps],
                     accepted_per_step=stats.accepted_per_step, stop_reason=stats.stop_reason,
                     stats=stats.to_dict(with_steps=False), info=None)
+
+
+def contenders(specs: list[MethodSpec], model: Any, load: Callable[[str], Any], draft_model: str | None
+               ) -> tuple[list[Contender], dict[str, str], bool]:
+    """Each spec ready to run, on ``model`` or, for a variant with its own dtype, on a copy ``load(dtype)``
+    loaded once per dtype. Returns (contenders, {name: why a peer cannot run here}, whether copies were
+    loaded)."""
+    models = {model.dtype: model}
+    for dtype in {spec.dtype for spec in specs} - {None, model.dtype}:
+        models[dtype] = load(dtype)
+    ready, skipped = [], {}
+    for spec in specs:
+        reason = spec.peer.unavailable(model) if spec.peer else None
+        if reason:
+            skipped[spec.name] = reason
+        else:
+            ready.append(Contender(spec, models[spec.dtype or model.dtype], draft_model))
+    return ready, skipped, len(models) > 1
 
 
 def _peer_stop(tokens: list[int], max_new_tokens: int, eos_ids) -> str | None:

@@ -15,7 +15,6 @@ import argparse
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 from paradecode.errors import ParadecodeError
@@ -99,11 +98,11 @@ def add_commands(commands) -> None:
 def run_train(args: argparse.Namespace) -> int:
     import torch
 
-    from paradecode.heads.store import target_weights
     from paradecode.models import resolve
+    from paradecode.training.pipeline import train_draft_head
     from paradecode.training.prompts import read_prompts
-    from paradecode.training.selfdistill import DistillConfig, generate_dataset, load_shards
-    from paradecode.training.trainer import TrainConfig, train_head
+    from paradecode.training.selfdistill import DistillConfig
+    from paradecode.training.trainer import TrainConfig
 
     sources = [s.strip() for s in args.prompts.split(",") if s.strip()]
     counts = _counts(args.num_prompts, len(sources))
@@ -120,26 +119,15 @@ def run_train(args: argparse.Namespace) -> int:
     prompt_sets = [(source, read_prompts(source, count)) for source, count in zip(sources, counts)]
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    data = Path(args.data) if args.data else out / "data"
     model_dir, _ = resolve(args.model, args.cache_dir)
-    started = time.perf_counter()
-    shards = []
-    for source, prompts in prompt_sets:  # one folder per source, so a source can grow without touching the others
-        folder = data if len(prompt_sets) == 1 else data / Path(source).stem
-        config = DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher)
-        shards += generate_dataset(model_dir, prompts, folder, config, log=_log, workers=args.workers,
-                                   cache_dir=args.cache_dir)
-    data_seconds = time.perf_counter() - started
-    rows = load_shards(shards)
-    answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
-    _log(f"data: {len(rows)} answers, {answer_tokens} answer tokens (this run spent {data_seconds:.0f} s on it)")
-    config = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
-                         soft_labels=args.labels == "soft", precision=args.precision, init=args.init)
-    info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                prompts=args.prompts, answers=len(rows), answer_tokens=answer_tokens)
-    _, saved = train_head(rows, target_weights(str(model_dir)), args.model, out, config, log=_log,
-                       progress=not args.no_progress, training_info=info)
+    train = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
+                        soft_labels=args.labels == "soft", precision=args.precision, init=args.init)
+    info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]), prompts=args.prompts)
+    saved = train_draft_head(args.model, model_dir, prompt_sets, out, Path(args.data) if args.data else out / "data",
+                             DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher), train,
+                             workers=args.workers, cache_dir=args.cache_dir, log=_log, progress=not args.no_progress,
+                             info=info)
     last = saved["training"]["history"][-1]
     _log(f"saved {out}/head.safetensors; held-out estimated tokens/step {last['tau_chain']:.2f}; "
          f"use it with: paradecode generate --method {args.kind} --opt head={out} ...")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from paradecode import utf8
 from paradecode.backends import DTYPES as BACKEND_DTYPES
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.drafters.base import Drafter
@@ -147,6 +148,7 @@ class Model:
             if prompt and isinstance(prompt[0], dict):
                 return self.encode_chat(prompt)
             return [int(t) for t in prompt]
+        prompt = utf8.check(prompt, "the prompt")
         if not prompt.strip():
             raise ParadecodeError("the prompt is empty: give some text to continue or a question to answer.")
         if self.chat if chat is None else chat:
@@ -166,6 +168,7 @@ class Model:
                     and isinstance(message.get("content"), str)):
                 raise ParadecodeError(f"message {i} of the conversation must be a dict with string 'role' and "
                                       f"'content', got {message!r}.")
+            utf8.check(message["content"], f"message {i} of the conversation")
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return [int(t) for t in ids]

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from paradecode import utf8
 from paradecode.errors import ParadecodeError
 
 DEFAULT_QUESTIONS = Path(__file__).parent / "data" / "specbench" / "question.jsonl"  # shipped package data
@@ -39,15 +40,14 @@ def load_questions(path: str | Path) -> list[Question]:
         )
     questions: list[Question] = []
     seen: set = set()
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            questions.append(_parse_line(line, number, path))
-            qid = questions[-1].question_id
-            if qid in seen:
-                raise ParadecodeError(f"{path}, line {number}: question_id {qid!r} appears twice; ids must be unique.")
-            seen.add(qid)
+    for number, line in enumerate(utf8.read(path, f"questions file {path}").splitlines(), start=1):
+        if not line.strip():
+            continue
+        questions.append(_parse_line(line, number, path))
+        qid = questions[-1].question_id
+        if qid in seen:
+            raise ParadecodeError(f"{path}, line {number}: question_id {qid!r} appears twice; ids must be unique.")
+        seen.add(qid)
     if not questions:
         raise ParadecodeError(f"questions file {path} holds no questions.")
     return questions

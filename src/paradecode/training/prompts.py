@@ -16,6 +16,7 @@ import json
 import random
 from pathlib import Path
 
+from paradecode import utf8
 from paradecode.errors import ParadecodeError
 
 TOPICS = [
@@ -87,7 +88,7 @@ def read_prompts(source: str, count: int) -> list[str]:
     if not path.is_file():
         raise ParadecodeError(f"prompt file {source} does not exist; pass a .jsonl file or 'builtin'.")
     prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(utf8.read(path, f"prompt file {source}").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from paradecode import utf8
 from paradecode.errors import ParadecodeError
 
 SEEDS = [
@@ -81,7 +82,7 @@ def make_prompts(model, count: int, out: Path, seed: int = 0, temperature: float
     banned = _benchmark_runs()
     kept, seen, call = [], set(), 0
     if out.exists():
-        for number, line in enumerate(out.read_text().splitlines(), 1):
+        for number, line in enumerate(utf8.read(out).splitlines(), 1):
             try:
                 row = json.loads(line)
                 prompt, row_call = row["prompt"], int(row["call"])
@@ -93,7 +94,7 @@ def make_prompts(model, count: int, out: Path, seed: int = 0, temperature: float
             call = max(call, row_call + 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     started, calls, resumed = time.perf_counter(), 0, len(kept)
-    with out.open("a") as sink:
+    with out.open("a", encoding="utf-8") as sink:
         while len(kept) < count:
             draws = random.Random(seed * 1_000_003 + call)
             shown = draws.sample(SEEDS, 3)

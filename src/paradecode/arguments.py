@@ -8,16 +8,95 @@ dispatches. A user mistake raises ``ParadecodeError``: the CLI prints it on one 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import Callable
 
+from paradecode import utf8
 from paradecode.errors import ParadecodeError
 
 EXIT_USAGE = 2
 EXIT_NOT_LOSSLESS = 3  # generate --verify: the method's output differs from plain autoregressive decoding
 
 
+# -- paths, checked where they are parsed (argparse ``type=``): a bad one fails before anything loads, with a
+# ParadecodeError that names the flag (cli.main parses inside its error handling) ---------------------------
+def _writable_folder(path: Path) -> str | None:
+    if path.exists():
+        if not path.is_dir():
+            return f"{path} is a file, not a folder"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is a folder you cannot write to"
+    existing = next(parent for parent in path.absolute().parents if parent.exists())
+    if not existing.is_dir():
+        return f"{path} cannot be created: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{path} cannot be created: {existing} is a folder you cannot write to"
+    return None
+
+
+def _writable_file(path: Path) -> str | None:
+    if path.is_dir():
+        return f"{path} is a folder; give the file to write"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is a file you cannot write to"
+    return _writable_folder(path.absolute().parent)
+
+
+def _readable_file(path: Path) -> str | None:
+    if path.is_dir():
+        return f"{path} is a folder, not a file"
+    if not path.exists():
+        return f"{path} does not exist"
+    return None if os.access(path, os.R_OK) else f"{path} is a file you cannot read"
+
+
+def _readable_folder(path: Path) -> str | None:
+    if not path.exists():
+        return f"{path} does not exist"
+    return None if path.is_dir() else f"{path} is a file, not a folder"
+
+
+def _path_argument(check: Callable[[Path], str | None]) -> Callable[[str], Callable[[str], str]]:
+    def for_flag(flag: str) -> Callable[[str], str]:
+        def argument(value: str) -> str:
+            problem = check(Path(value).expanduser())
+            if problem:
+                raise ParadecodeError(f"{flag}: {problem}.")
+            return value
+
+        return argument
+
+    return for_flag
+
+
+folder_to_write = _path_argument(_writable_folder)  # a folder the command writes in: it exists or can be made
+file_to_write = _path_argument(_writable_file)  # a file the command writes: not a folder; its folder can be made
+file_to_read = _path_argument(_readable_file)
+folder_to_read = _path_argument(_readable_folder)
+
+
+def model_name(flag: str) -> Callable[[str], str]:
+    """argparse type of --model / --draft-model: a built-in name, a .gguf file or a model folder."""
+    def argument(value: str) -> str:
+        from paradecode.models import locate
+
+        try:
+            locate(value)
+        except ParadecodeError as error:
+            raise ParadecodeError(f"{flag}: {error}") from None
+        return value
+
+    return argument
+
+
+def add_cache_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", type=folder_to_write("--cache-dir"),
+                        help="model cache folder (default: $PARADECODE_CACHE or ~/.cache/paradecode)")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> None:
-    parser.add_argument("--model", "-m", default=default_model,
+    parser.add_argument("--model", "-m", default=default_model, type=model_name("--model"),
                         help=f"built-in name, .gguf file or HF model directory (default: {default_model})")
     parser.add_argument("--backend", default="auto", choices=("auto", "llama", "hf"),
                         help="auto: our reference Llama transformer for Llama models, transformers otherwise")
@@ -27,7 +106,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> 
                         help="weights: int8 (llama backend: int8 weights and activations, 2-3x faster on a CPU), "
                              "fp32 (agrees with transformers), auto (default): int8 where its measured perplexity "
                              "is within 1%% of fp32 (see `paradecode models`), else fp32")
-    parser.add_argument("--cache-dir", help="model cache folder (default: $PARADECODE_CACHE or ~/.cache/paradecode)")
+    add_cache_argument(parser)
 
 
 def load_model(args: argparse.Namespace, dtype: str | None = None):
@@ -54,7 +133,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, temperature_help: st
                             help="nucleus sampling mass (1: off; default: see --temperature)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--draft-model", help="draft model for --method draft (name, .gguf or directory)")
+    parser.add_argument("--draft-model", type=model_name("--draft-model"),
+                        help="draft model for --method draft (name, .gguf or directory)")
     parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                         help="method option, e.g. --opt num_draft=4 (repeatable)")
 
@@ -70,11 +150,16 @@ def method_options(args: argparse.Namespace) -> dict:
 
 
 def read_prompt(prompt: str | None) -> str:
-    """The prompt argument, or standard input when it is absent or '-'."""
+    """The prompt argument, or standard input when it is absent or '-'; UTF-8 text either way (``utf8``)."""
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise ParadecodeError("no prompt: pass it as an argument or pipe it on stdin.")
-        prompt = sys.stdin.read()
+        if hasattr(sys.stdin, "buffer"):  # the bytes as sent, decoded here so a bad byte is named
+            prompt = utf8.decode(sys.stdin.buffer.read(), "standard input")
+        else:
+            prompt = sys.stdin.read()
+    else:
+        prompt = utf8.check(prompt, "the prompt argument", escaped_bytes=True)
     if not prompt.strip():
         raise ParadecodeError("the prompt is empty: give some text to continue or a question to answer.")
     return prompt

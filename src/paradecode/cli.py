@@ -20,11 +20,11 @@ COMMAND_MODULES = ("paradecode.commands", "paradecode.benchmark.commands", "para
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return EXIT_USAGE
     try:
+        args = parser.parse_args(argv)  # path flags are checked here (arguments.folder_to_write, ...)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return EXIT_USAGE
         return args.run(args) or 0
     except ParadecodeError as error:
         print(f"paradecode: error: {error}", file=sys.stderr)
@@ -34,10 +34,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake in the arguments told on one line like every other error (exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"paradecode: error: {message} (see `{self.prog} --help`).\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="paradecode", description="Parallel decoding for language models: faster, with the same output."
     )
     commands = parser.add_subparsers(metavar="COMMAND")

@@ -19,11 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from paradecode.arguments import (EXIT_NOT_LOSSLESS, add_decoding_arguments, add_model_arguments, load_model,
-                                  method_options, positive, read_prompt)
+from paradecode.arguments import (EXIT_NOT_LOSSLESS, add_cache_argument, add_decoding_arguments, add_model_arguments,
+                                  file_to_write, folder_to_write, load_model, method_options, positive, read_prompt)
 from paradecode.backends import DTYPES as DTYPE_CHOICES
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.errors import ParadecodeError
+
 TEMPERATURE_HELP = ("0 decodes greedily, > 0 samples. Without it a chat prompt samples with the model's "
                     "recommended settings (its generation_config.json, else llama.cpp's temperature 0.8, "
                     "top-k 40, top-p 0.95) and a seed printed with the stats, so --seed repeats the run; "
@@ -47,7 +48,7 @@ def add_commands(commands) -> None:
     gen.set_defaults(run=run_generate)
 
     models = commands.add_parser("models", help="list built-in and cached models")
-    models.add_argument("--cache-dir", help="model cache folder (default: $PARADECODE_CACHE or ~/.cache/paradecode)")
+    add_cache_argument(models)
     models.set_defaults(run=run_models)
 
     methods = commands.add_parser("methods", help="list decoding methods and their options")
@@ -61,7 +62,8 @@ def add_commands(commands) -> None:
     add_model_arguments(trace, DEFAULT_MODEL)
     add_decoding_arguments(trace)
     trace.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
-    trace.add_argument("--out", default="trace.html", help="HTML file to write (default: trace.html)")
+    trace.add_argument("--out", default="trace.html", type=file_to_write("--out"),
+                       help="HTML file to write (default: trace.html)")
     trace.set_defaults(run=run_trace)
 
     profile = commands.add_parser(
@@ -76,7 +78,8 @@ def add_commands(commands) -> None:
     profile.add_argument("--stages", action="store_true",
                          help="also time each stage of the forward (norm, quantize, GEMM, attention, ...) per T, "
                               "where the backend runs the native int8 pass")
-    profile.add_argument("--out", help="folder for cost_curve.json and cost_curve.png")
+    profile.add_argument("--out", type=folder_to_write("--out"),
+                         help="folder for cost_curve.json and cost_curve.png")
     profile.set_defaults(run=run_profile)
 
     quality = commands.add_parser(
@@ -210,8 +213,6 @@ def run_trace(args: argparse.Namespace) -> int:
     positive("--max-new-tokens", args.max_new_tokens)
     prompt = read_prompt(args.prompt)
     out = Path(args.out)
-    if out.is_dir():
-        raise ParadecodeError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'trace.html'}.")
     model = load_model(args)
     result = model.generate(prompt, method=args.method, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -111,39 +111,58 @@ def recommended_sampling(model_dir: Path) -> RecommendedSampling:
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """The model cache folder: ``cache_dir``, else $PARADECODE_CACHE, else ~/.cache/paradecode. A file there is
+    refused (the cache is created on first use)."""
     if cache_dir:
-        return Path(cache_dir).expanduser()
-    return Path(os.environ.get("PARADECODE_CACHE") or Path.home() / ".cache" / "paradecode").expanduser()
+        root = Path(cache_dir).expanduser()
+    else:
+        root = Path(os.environ.get("PARADECODE_CACHE") or Path.home() / ".cache" / "paradecode").expanduser()
+    if root.exists() and not root.is_dir():
+        raise ParadecodeError(f"the model cache {root} is a file, not a folder: pass --cache-dir FOLDER (or set "
+                              "PARADECODE_CACHE) to a folder.")
+    return root
 
 
-def resolve(model: str, cache_dir: str | Path | None = None) -> tuple[Path, bool]:
-    """Model name or path -> (HF model directory, chat by default), converting GGUF files on first use."""
+def locate(model: str) -> str:
+    """What ``model`` names: "builtin", "gguf" (a .gguf file) or "dir" (a Hugging Face model folder); anything
+    else is a ParadecodeError. Nothing is loaded or converted."""
     if not isinstance(model, str) or not model.strip():
         raise ParadecodeError("no model given: pass a built-in name, a .gguf file or a model directory.")
     if model in BUILTIN_MODELS:
-        builtin = BUILTIN_MODELS[model]
-        converted = cache_root(cache_dir) / "models" / model
-        if not _is_converted(converted):
-            _convert_gguf(builtin.gguf(), converted)
-        return converted, builtin.chat
+        return "builtin"
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        stat = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-        converted = cache_root(cache_dir) / "models" / f"{path.stem}-{key}"
-        if not _is_converted(converted):
-            _convert_gguf(path, converted)
-        return converted, True
+        return "gguf"
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ParadecodeError(f"{path} is a folder without config.json: it is not a Hugging Face model directory.")
-        return path, True
+        return "dir"
     if path.exists():
         raise ParadecodeError(f"{path} is not a .gguf file or a model directory.")
     raise ParadecodeError(
         f"unknown model {model!r}: not a built-in name ({', '.join(BUILTIN_MODELS)}), "
         "and no such .gguf file or model directory exists."
     )
+
+
+def resolve(model: str, cache_dir: str | Path | None = None) -> tuple[Path, bool]:
+    """Model name or path -> (HF model directory, chat by default), converting GGUF files on first use."""
+    kind = locate(model)
+    if kind == "builtin":
+        builtin = BUILTIN_MODELS[model]
+        converted = cache_root(cache_dir) / "models" / model
+        if not _is_converted(converted):
+            _convert_gguf(builtin.gguf(), converted)
+        return converted, builtin.chat
+    path = Path(model).expanduser()
+    if kind == "gguf":
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+        converted = cache_root(cache_dir) / "models" / f"{path.stem}-{key}"
+        if not _is_converted(converted):
+            _convert_gguf(path, converted)
+        return converted, True
+    return path, True
 
 
 def _is_converted(folder: Path) -> bool:
@@ -158,8 +177,12 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     _check_gguf(gguf_path)
     _note(f"converting {gguf_path.name} for first use (tokenizer conversion takes ~30-70 s, once) ...")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=out_dir.parent))
+    except OSError as error:
+        raise ParadecodeError(f"cannot write the model cache {out_dir.parent}: {error.strerror or error}; pass "
+                              "--cache-dir (or set PARADECODE_CACHE) to a folder you can write.") from None
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from paradecode.arguments import add_model_arguments, load_model
+from paradecode.arguments import add_model_arguments, file_to_read, folder_to_write, load_model, model_name
 from paradecode.errors import ParadecodeError
 
 
@@ -30,9 +30,9 @@ def add_commands(commands) -> None:
                        help="comma-separated paradecode methods (see `paradecode methods`) and peers (hf, hf-pld, "
                             "hf-draft, llamacpp, llamacpp-pld), or 'all'; LABEL=METHOD adds a variant with its own "
                             f"--opt LABEL.key=value, e.g. pld,pld4=pld (default: {','.join(DEFAULT_METHODS)})")
-    bench.add_argument("--questions", help="Spec-Bench-format .jsonl (question_id, category, turns); default: "
-                                           "the Spec-Bench question set shipped with paradecode (480 questions, "
-                                           "13 categories)")
+    bench.add_argument("--questions", type=file_to_read("--questions"),
+                       help="Spec-Bench-format .jsonl (question_id, category, turns); default: the Spec-Bench "
+                            "question set shipped with paradecode (480 questions, 13 categories)")
     bench.add_argument("--per-category", default="1", help="questions per category, or 'all' (default: 1)")
     bench.add_argument("--categories", help="comma-separated categories to keep (default: all)")
     bench.add_argument("--max-new-tokens", type=int, default=128, help="most tokens per answer (default: 128)")
@@ -40,8 +40,10 @@ def add_commands(commands) -> None:
                        help="first turn only (default), or every turn with the model's own answers in context")
     bench.add_argument("--opt", action="append", default=[], metavar="METHOD.KEY=VALUE",
                        help="method option, e.g. --opt pld.num_draft=4 (repeatable)")
-    bench.add_argument("--draft-model", help="draft model for 'draft' and 'hf-draft' (name, .gguf or directory)")
-    bench.add_argument("--out", default="results", help="output folder (default: results)")
+    bench.add_argument("--draft-model", type=model_name("--draft-model"),
+                       help="draft model for 'draft' and 'hf-draft' (name, .gguf or directory)")
+    bench.add_argument("--out", default="results", type=folder_to_write("--out"),
+                       help="output folder (default: results)")
     bench.add_argument("--resume", action="store_true", help="continue the run logged in --out")
     bench.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the untimed warm-up (default: 8)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from paradecode import utf8
+from paradecode.arguments import file_to_write, folder_to_write
 from paradecode.errors import ParadecodeError
 
 DEFAULT_MODEL = "waiting-line"
@@ -41,7 +43,8 @@ def add_commands(commands) -> None:
     gen.add_argument("--cache", default="none", help="none, prefix or dual (Fast-dLLM's approximate caches)")
     gen.add_argument("--no-eot-stop", action="store_true", help="denoise the padding after end-of-text too")
     gen.add_argument("--json", action="store_true", help="print text, token ids, canvas and stats as JSON")
-    gen.add_argument("--trace", metavar="FILE.html", help="write an HTML view of which positions each step committed")
+    gen.add_argument("--trace", metavar="FILE.html", type=file_to_write("--trace"),
+                     help="write an HTML view of which positions each step committed")
     gen.set_defaults(run=run_generate)
 
     bench = sub.add_parser("bench", help="accuracy against tokens per forward for every sampler setting")
@@ -52,7 +55,8 @@ def add_commands(commands) -> None:
     bench.add_argument("--caches", default="none,prefix,dual", help="cache modes to compare ('' for none)")
     bench.add_argument("--per-task", type=int, default=50, help="held-out examples per task (default: 50)")
     bench.add_argument("--no-twin", action="store_true", help="skip the AR twin row")
-    bench.add_argument("--out", default="results-dllm", help="output folder (default: results-dllm)")
+    bench.add_argument("--out", default="results-dllm", type=folder_to_write("--out"),
+                       help="output folder (default: results-dllm)")
     bench.add_argument("--no-progress", action="store_true")
     bench.set_defaults(run=run_bench)
 
@@ -65,7 +69,8 @@ def add_commands(commands) -> None:
     train.add_argument("--batch-size", type=int, default=128)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    train.add_argument("--out", required=True, help="folder for the checkpoint (resumes a run found there)")
+    train.add_argument("--out", required=True, type=folder_to_write("--out"),
+                       help="folder for the checkpoint (resumes a run found there)")
     train.set_defaults(run=run_train)
 
     samplers = sub.add_parser("samplers", help="list samplers and their options")
@@ -87,16 +92,15 @@ def run_generate(args: argparse.Namespace) -> int:
 
     sampler = build_sampler(args.sampler, parse_options(args.opt))
     config = _decode_config(args)
-    if args.trace and Path(args.trace).is_dir():
-        raise ParadecodeError(f"--trace {args.trace} is a folder; give the HTML file to write.")
+    prompt = utf8.check(args.prompt, "the prompt argument", escaped_bytes=True)
     model = load_diffusion_model(args.model)
     _one_thread_for_tiny(model)
-    result = diffuse(model, model.encode(args.prompt), sampler, config)
+    result = diffuse(model, model.encode(prompt), sampler, config)
     if args.trace:
         from paradecode.dllm.trace import render_dllm_trace
 
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.trace).write_text(render_dllm_trace(model, args.prompt, result, args.model), encoding="utf-8")
+        Path(args.trace).write_text(render_dllm_trace(model, prompt, result, args.model), encoding="utf-8")
     if args.json:
         print(json.dumps(result.to_dict(with_steps=True)))
         return 0

@@ -17,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from paradecode.arguments import add_cache_argument, file_to_write, folder_to_read, folder_to_write, model_name
 from paradecode.errors import ParadecodeError
 
 
@@ -28,8 +29,9 @@ def add_commands(commands) -> None:
         description="Answer a prompt set with the target model, record its hidden states, and train a draft head "
                     "on them. Writes OUT/head.safetensors and OUT/config.json (use with --opt head=OUT).")
     train.add_argument("--kind", choices=("eagle", "medusa"), required=True)
-    train.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"target model (default: {DEFAULT_MODEL})")
-    train.add_argument("--cache-dir", help="model cache folder")
+    train.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
+                       help=f"target model (default: {DEFAULT_MODEL})")
+    add_cache_argument(train)
     train.add_argument("--prompts", default="builtin",
                        help="'builtin', 'builtin-tasks' (paradecode's own prompt sets) or a .jsonl file of "
                             "{\"prompt\": ...} lines; several, comma-separated, each answered into DATA/<name>")
@@ -45,8 +47,10 @@ def add_commands(commands) -> None:
                             "(default: the number of CPU cores)")
     train.add_argument("--gen-batch-size", type=int, default=32,
                        help="fp32 teacher: prompts per generate() batch (default: 32)")
-    train.add_argument("--data", help="folder for the generated data (default: OUT/data); shared by several runs")
-    train.add_argument("--out", required=True, help="folder for the head and its checkpoint")
+    train.add_argument("--data", type=folder_to_write("--data"),
+                       help="folder for the generated data (default: OUT/data); shared by several runs")
+    train.add_argument("--out", required=True, type=folder_to_write("--out"),
+                       help="folder for the head and its checkpoint")
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--batch-size", type=int, default=8, help="sequences per training step (default: 8)")
     train.add_argument("--lr", type=float, default=1e-3)
@@ -54,7 +58,7 @@ def add_commands(commands) -> None:
                        help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
     train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
     train.add_argument("--medusa-heads", type=int, default=4)
-    train.add_argument("--init", default="",
+    train.add_argument("--init", default="", type=folder_to_read("--init"),
                        help="start from this head folder (same kind and target) instead of a fresh head, e.g. "
                             "to go on training with more data")
     train.add_argument("--labels", choices=("hard", "soft"), default="hard",
@@ -73,10 +77,11 @@ def add_commands(commands) -> None:
                     "sampling; the requests it writes that read like one, are new and share no 8-word run with "
                     "the benchmark's questions are written to OUT (.jsonl, one {\"prompt\": ...} per line; run "
                     "again to resume or extend). Use it with train-draft --prompts OUT.")
-    prompts.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"target model (default: {DEFAULT_MODEL})")
-    prompts.add_argument("--cache-dir", help="model cache folder")
+    prompts.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
+                         help=f"target model (default: {DEFAULT_MODEL})")
+    add_cache_argument(prompts)
     prompts.add_argument("--count", type=int, default=1000, help="prompts to write (default: 1000)")
-    prompts.add_argument("--out", required=True, help=".jsonl file to write")
+    prompts.add_argument("--out", required=True, type=file_to_write("--out"), help=".jsonl file to write")
     prompts.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     prompts.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: 0.8)")
     prompts.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
@@ -86,12 +91,14 @@ def add_commands(commands) -> None:
         "export-draft", help="export an EAGLE head as a vLLM / SGLang EAGLE checkpoint",
         description="Write the EAGLE head in the layout of EAGLE-1 checkpoints that vLLM's and SGLang's "
                     "'eagle' speculative method loads (config.json + model.safetensors).")
-    export.add_argument("--head", required=True, help="head folder written by train-draft")
-    export.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"its target model (default: {DEFAULT_MODEL})")
-    export.add_argument("--cache-dir", help="model cache folder")
+    export.add_argument("--head", required=True, type=folder_to_read("--head"),
+                        help="head folder written by train-draft")
+    export.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
+                        help=f"its target model (default: {DEFAULT_MODEL})")
+    add_cache_argument(export)
     export.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
                         help="serving engine whose EAGLE loader the config names (default: vllm)")
-    export.add_argument("--out", required=True, help="folder to write")
+    export.add_argument("--out", required=True, type=folder_to_write("--out"), help="folder to write")
     export.set_defaults(run=run_export)
 
 

@@ -17,11 +17,11 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from paradecode.backends.base import Backend, causal_mask
-from paradecode.tree_layout import tree_depths, tree_mask
 from paradecode.config import GenerationConfig
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
 from paradecode.stats import DecodeStats, StepRecord
+from paradecode.tree_layout import tree_depths, tree_mask
 from paradecode.verify import Verdict, verify_greedy, verify_speculative
 from paradecode.verify.sampling import probabilities
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from paradecode.backends import DTYPES
-from paradecode.tree_layout import tree_depths
 from paradecode.benchmark.peers import PEERS, Peer
 from paradecode.benchmark.questions import Question, round_robin
 from paradecode.errors import ParadecodeError
 from paradecode.registry import METHODS, build_options, parse_options, resolve_method
+from paradecode.tree_layout import tree_depths
 
 RECORDS = "records.jsonl"
 SETTINGS = "settings.json"

@@ -5,7 +5,8 @@ The native forward is built with ``-march=native`` on the user's machine, so a l
 vectorizes for one CPU and leaves scalar for another (a 16-lane multiply-add written as a loop of scalar
 ``fmaf`` became 16 ``vfmadd231ss`` on Haswell, Skylake-X and Sapphire Rapids targets, and halved the speed on
 those machines) would pass every test here and still be slow there. Compiling needs no such CPU: each target's
-assembly of the attention score loop and the int8 GEMM tile is checked for the packed instructions it must use.
+assembly of the attention score loop (and its packed widening of the half-float cache) and the int8 GEMM tile is
+checked for the packed instructions it must use.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def test_attention_multiply_adds_are_packed(target):
         body = function(assembly, name)
         packed, scalar = len(PACKED_FMA.findall(body)), len(SCALAR_FMA.findall(body))
         assert packed >= 8, f"{march}: {name} has {packed} packed multiply-adds"
+        assert re.search(r"\bvcvtph2ps\s[^\n]*%[yz]mm", body), f"{march}: {name} widens the half cache lane by lane"
         if name == "check_scores":  # whole 16-slot blocks: no scalar tail at all
             assert scalar == 0, f"{march}: {name} has {scalar} scalar multiply-adds"
         else:  # only the tail of a head dimension that is not a multiple of 16 is scalar

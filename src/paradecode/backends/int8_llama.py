@@ -2,8 +2,8 @@
 
 ``Int8LlamaBackend`` builds the fp32 model, calibrates SmoothQuant factors on a few token sequences, folds them
 into the norms and replaces every projection and the LM head with an ``Int8Linear``. It then runs the whole
-forward as one native call (``backends/native``) over a paged KV cache of its own, where the native kernels
-could be built; otherwise the PyTorch forward of ``LlamaBackend`` over the same projections, with attention in
+forward as one native call (``backends/native``) over a paged KV cache of its own (keys and values stored as
+half floats), where the native kernels could be built; otherwise the PyTorch forward of ``LlamaBackend`` over the same projections, with attention in
 float64 so that a row's result does not depend on the pass it rides in.
 
 The native forward offers several exact int8 GEMM kernels (paradecode's own, fbgemm's, ``torch._int_mm``) that
@@ -141,8 +141,9 @@ class Int8LlamaBackend(LlamaBackend):
             return None
         s = self.shape
         slots = -(-self.max_length // PAGE) * PAGE
-        self._values = torch.zeros(s.num_layers, s.num_kv_heads, slots, s.head_dim)  # [L, Hkv, slots, hd]
-        self._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16)  # 16-slot blocks
+        # half floats: [L, Hkv, slots, hd] values, keys in 16-slot blocks
+        self._values = torch.zeros(s.num_layers, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
+        self._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
         self._pages = torch.arange(slots // PAGE, dtype=torch.int32)  # one sequence owns every page, in order
         stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, self._embed, self._norm,
                                    self._cos, self._sin, self._values, self._keys_t, PAGE)

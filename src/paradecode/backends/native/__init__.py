@@ -92,8 +92,8 @@ def check(key: str, build_dir: str, source: str) -> None:
 
     page = 16
     forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
-                                 torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd),
-                                 torch.zeros(1, kv, 2 * page // 16, hd, 16), page)
+                                 torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
+                                 torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
     forward.add_layer(torch.ones(d), torch.ones(d), projection((heads + 2 * kv) * hd, d), projection(d, heads * hd),
                       projection(2 * inter, d), projection(d, inter, precise=True))
     forward.set_head(projection(vocab, d, precise=True))

@@ -29,10 +29,11 @@ struct Segment {
   const int64_t* physical;  // [start + count] the physical slot of each logical slot (from `pages`)
 };
 
-// One layer's cache: keys transposed in 16-slot blocks [Hkv, slots / 16, hd, 16], values [Hkv, slots, hd].
+// One layer's cache, in half floats: keys transposed in 16-slot blocks [Hkv, slots / 16, hd, 16], values
+// [Hkv, slots, hd].
 struct LayerCache {
-  float* keys_t;
-  float* values;
+  half* keys_t;
+  half* values;
   int64_t slots;       // physical slots (a multiple of the page size)
   int64_t page_shift;  // a page holds 2^page_shift slots, a multiple of kLanes
   int64_t head_dim;
@@ -40,10 +41,10 @@ struct LayerCache {
     return (static_cast<int64_t>(pages[logical >> page_shift]) << page_shift) |
            (logical & ((int64_t{1} << page_shift) - 1));
   }
-  float* key_block(int64_t kv_head, int64_t physical_slot) const {  // the 16-slot block holding this slot
+  half* key_block(int64_t kv_head, int64_t physical_slot) const {  // the 16-slot block holding this slot
     return keys_t + (kv_head * (slots / kLanes) + physical_slot / kLanes) * head_dim * kLanes;
   }
-  float* value(int64_t kv_head, int64_t physical_slot) const {
+  half* value(int64_t kv_head, int64_t physical_slot) const {
     return values + (kv_head * slots + physical_slot) * head_dim;
   }
 };
@@ -64,8 +65,8 @@ inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t 
   int64_t block = 0;
   // Two blocks at a time while they last (twice the independent sums in flight), then one.
   for (; block + kLanes < seen; block += 2 * kLanes) {
-    const float* k0 = cache.key_block(g, cache.physical(pages, block));
-    const float* k1 = cache.key_block(g, cache.physical(pages, block + kLanes));
+    const half* k0 = cache.key_block(g, cache.physical(pages, block));
+    const half* k1 = cache.key_block(g, cache.physical(pages, block + kLanes));
     vf a0[NQ], a1[NQ];
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) a0[i] = a1[i] = vf{};
@@ -85,7 +86,7 @@ inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t 
     }
   }
   for (; block < seen; block += kLanes) {
-    const float* kb = cache.key_block(g, cache.physical(pages, block));
+    const half* kb = cache.key_block(g, cache.physical(pages, block));
     vf acc[NQ];
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) acc[i] = vf{};
@@ -119,7 +120,7 @@ template <int NQ>
 inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* visible, int64_t from, int64_t to,
                             const float* const* p, float* const* acc) {
   const int64_t hd = cache.head_dim;
-  const float* values = cache.value(g, 0);
+  const half* values = cache.value(g, 0);
   int64_t chunk = 0;
   for (; chunk + 4 * kLanes <= hd; chunk += 4 * kLanes) {
     vf a[NQ][4];
@@ -128,7 +129,7 @@ inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* v
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) a[j][l] = load(acc[j] + chunk + l * kLanes);
     for (int64_t i = from; i < to; ++i) {
-      const float* v = values + visible[i] * hd + chunk;
+      const half* v = values + visible[i] * hd + chunk;
       const vf v0 = load(v), v1 = load(v + kLanes), v2 = load(v + 2 * kLanes), v3 = load(v + 3 * kLanes);
 #pragma GCC unroll 4
       for (int j = 0; j < NQ; ++j) {
@@ -154,7 +155,7 @@ inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* v
   for (; chunk < hd; ++chunk) {
     for (int j = 0; j < NQ; ++j) {
       float a = acc[j][chunk];
-      for (int64_t i = from; i < to; ++i) a = mul_add(p[j][i], values[visible[i] * hd + chunk], a);
+      for (int64_t i = from; i < to; ++i) a = mul_add(p[j][i], from_half(values[visible[i] * hd + chunk]), a);
       acc[j][chunk] = a;
     }
   }

@@ -10,8 +10,8 @@
 // token computes later, whatever else is in the batch. That is what keeps speculative decoding on this backend
 // equal to plain decoding, and a request's answer the same alone or batched.
 //
-// The cache: values [layers, Hkv, slots, hd] and keys transposed in 16-slot blocks [layers, Hkv, slots / 16,
-// hd, 16], both addressed by physical slot; each sequence maps its logical slots to physical pages of
+// The cache, in half floats: values [layers, Hkv, slots, hd] and keys transposed in 16-slot blocks [layers, Hkv,
+// slots / 16, hd, 16], both addressed by physical slot; each sequence maps its logical slots to physical pages of
 // `page` slots through its page table (a single sequence may simply own all pages in order).
 
 #include <torch/extension.h>
@@ -36,12 +36,12 @@ class Int8Forward {
               at::Tensor cos, at::Tensor sin, at::Tensor values, at::Tensor keys_t, int64_t page)
       : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()), norm_(norm.contiguous()),
         cos_(cos.contiguous()), sin_(sin.contiguous()), values_(values), keys_t_(keys_t) {
-    TORCH_CHECK(values.is_contiguous() && values.scalar_type() == at::kFloat && values.dim() == 4 &&
+    TORCH_CHECK(values.is_contiguous() && values.scalar_type() == at::kHalf && values.dim() == 4 &&
                     values.size(1) == kv_heads && values.size(3) == head_dim,
-                "values must be a contiguous float32 [layers, kv_heads, slots, head_dim]");
-    TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kFloat && keys_t.dim() == 5 &&
+                "values must be a contiguous float16 [layers, kv_heads, slots, head_dim]");
+    TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kHalf && keys_t.dim() == 5 &&
                     keys_t.size(2) * kLanes == values.size(2) && keys_t.size(3) == head_dim && keys_t.size(4) == kLanes,
-                "keys_t must be a contiguous float32 [layers, kv_heads, slots / 16, head_dim, 16]");
+                "keys_t must be a contiguous float16 [layers, kv_heads, slots / 16, head_dim, 16]");
     TORCH_CHECK(page >= kLanes && (page & (page - 1)) == 0 && values.size(2) % page == 0,
                 "the page size must be a power of two of at least 16 slots that divides the cache");
     TORCH_CHECK(hq_ % hkv_ == 0, "query heads must be a multiple of kv heads");
@@ -95,8 +95,8 @@ class Int8Forward {
         for (int64_t i = 0; i < src.numel(); ++i) {
           if (sp[i] == dp[i]) continue;
           std::copy(cache.value(g, sp[i]), cache.value(g, sp[i]) + hd_, cache.value(g, dp[i]));
-          const float* from = cache.key_block(g, sp[i]) + sp[i] % kLanes;
-          float* to = cache.key_block(g, dp[i]) + dp[i] % kLanes;
+          const half* from = cache.key_block(g, sp[i]) + sp[i] % kLanes;
+          half* to = cache.key_block(g, dp[i]) + dp[i] % kLanes;
           for (int64_t c = 0; c < hd_; ++c) to[c * kLanes] = from[c * kLanes];
         }
       }
@@ -178,7 +178,8 @@ class Int8Forward {
   }
 
   LayerCache layer_cache(int64_t layer) const {
-    return {keys_t_[layer].data_ptr<float>(), values_[layer].data_ptr<float>(), values_.size(2), page_shift_, hd_};
+    return {reinterpret_cast<half*>(keys_t_[layer].data_ptr<at::Half>()),
+            reinterpret_cast<half*>(values_[layer].data_ptr<at::Half>()), values_.size(2), page_shift_, hd_};
   }
 
   std::vector<Segment> parse_segments(const py::list& list, int64_t t, std::vector<at::Tensor>& keep_alive) const {
@@ -233,7 +234,7 @@ class Int8Forward {
   // values go to each row's physical slot.
   void rope_and_store(float* qkv, int64_t t, int64_t width, const int64_t* pos, const std::vector<Segment>& segments,
                       const LayerCache& cache) const {
-    const int64_t half = hd_ / 2;
+    const int64_t half_dim = hd_ / 2;
     const float* cosp = cos_.data_ptr<float>();
     const float* sinp = sin_.data_ptr<float>();
     for (const Segment& segment : segments) {
@@ -244,18 +245,19 @@ class Int8Forward {
           const float* c = cosp + pos[r] * hd_;
           const float* s = sinp + pos[r] * hd_;
           for (int64_t head = 0; head < hq_ + hkv_; ++head) {
-            float* v = qkv + r * width + head * hd_;
-            for (int64_t j = 0; j < half; ++j) rotated[j] = v[j] * c[j] + v[j + half] * s[j];
-            for (int64_t j = half; j < hd_; ++j) rotated[j] = v[j] * c[j] + v[j - half] * s[j];
-            std::copy(rotated.begin(), rotated.end(), v);
+            float* x = qkv + r * width + head * hd_;
+            for (int64_t j = 0; j < half_dim; ++j) rotated[j] = x[j] * c[j] + x[j + half_dim] * s[j];
+            for (int64_t j = half_dim; j < hd_; ++j) rotated[j] = x[j] * c[j] + x[j - half_dim] * s[j];
+            std::copy(rotated.begin(), rotated.end(), x);
           }
           const int64_t slot = cache.physical(segment.pages, segment.start + i);
           for (int64_t g = 0; g < hkv_; ++g) {
             const float* key = qkv + r * width + (hq_ + g) * hd_;
             const float* value = qkv + r * width + (hq_ + hkv_ + g) * hd_;
-            std::copy(value, value + hd_, cache.value(g, slot));
-            float* kb = cache.key_block(g, slot) + slot % kLanes;
-            for (int64_t j = 0; j < hd_; ++j) kb[j * kLanes] = key[j];
+            half* v = cache.value(g, slot);
+            for (int64_t j = 0; j < hd_; ++j) v[j] = to_half(value[j]);
+            half* kb = cache.key_block(g, slot) + slot % kLanes;
+            for (int64_t j = 0; j < hd_; ++j) kb[j * kLanes] = to_half(key[j]);
           }
         }
       });

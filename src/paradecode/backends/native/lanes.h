@@ -93,6 +93,73 @@ inline vf mul_add(vf a, vf b, vf c) {
 #endif
 }
 
+// The KV cache holds IEEE half floats (16 bits: half the bytes a decode step reads from it). Every value is
+// rounded once when stored (to nearest, ties to even) and widened exactly when read, so a row's attention reads
+// the same numbers whichever pass wrote or reads them.
+typedef uint16_t half;
+
+inline half to_half(float x) {
+#if defined(__F16C__)
+  return static_cast<half>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u) return static_cast<half>(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u : 0u));
+  if (magnitude >= 0x477ff000u) return static_cast<half>(sign | 0x7c00u);  // rounds past 65504: infinity
+  if (magnitude < 0x38800000u) {  // a subnormal half (or zero): round the shifted mantissa to nearest even
+    const uint32_t shift = 126u - (magnitude >> 23), mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    if (shift > 24u) return static_cast<half>(sign);
+    const uint32_t value = mantissa >> shift, rest = mantissa & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+    return static_cast<half>(sign | (value + (rest > halfway || (rest == halfway && (value & 1u)))));
+  }
+  magnitude -= 0x38000000u;  // rebias the exponent from 127 to 15
+  const uint32_t value = magnitude >> 13, rest = magnitude & 0x1fffu;
+  return static_cast<half>(sign | (value + (rest > 0x1000u || (rest == 0x1000u && (value & 1u)))));
+#endif
+}
+
+inline float from_half(half h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    int shift = 0;
+    uint32_t m = mantissa;
+    while (!(m & 0x400u)) { m <<= 1; ++shift; }
+    bits = sign | ((113u - shift) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+#endif
+}
+
+inline vf load(const half* p) {  // 16 halves, widened
+#if defined(__AVX512F__)
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__) && defined(__AVX__)
+  __m256 parts[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+  vf r;
+  std::memcpy(&r, parts, sizeof(r));
+  return r;
+#else
+  vf r;
+  for (int l = 0; l < kLanes; ++l) r[l] = from_half(p[l]);
+  return r;
+#endif
+}
+
 constexpr float kRound = 12582912.f;  // 1.5 * 2^23: (v + kRound) - kRound rounds v (|v| < 2^22) half to even
 
 // e^x from plain arithmetic (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, times 2^n; relative

@@ -11,6 +11,7 @@ import pytest
 import fake_llamacpp_worker
 from paradecode.benchmark import llamacpp_worker, peers, questions
 from paradecode.benchmark.llamacpp import LlamaCpp
+from paradecode.errors import ParadecodeError
 from test_benchmark import bench_cli, tiny_model, write_questions  # noqa: F401  (tiny_model: a fixture)
 
 
@@ -153,3 +154,17 @@ def test_llamacpp_peers_on_the_real_gguf():
         assert run.forward_passes == len(run.draft_lengths) == len(run.accepted_per_step)
     pld = runs["llamacpp-pld"]
     assert pld.forward_passes < len(pld.token_ids) and max(pld.accepted_lengths) > 1  # the repeat was drafted
+
+
+def test_the_llamacpp_worker_can_run_on_another_python(tmp_path):
+    """``--opt llamacpp.python=PATH`` runs the worker on another environment's interpreter (e.g. a llama.cpp
+    built for this CPU beside the portable build); a path that is no interpreter is a clear error."""
+    from paradecode.drafters.base import build_options
+
+    other = tmp_path / "python"
+    other.symlink_to(sys.executable)
+    peer = LlamaCpp(build_options(LlamaCpp, {"python": str(other)}), model=None)
+    assert peer.worker_command()[0] == str(other)
+    assert LlamaCpp(build_options(LlamaCpp, {}), model=None).worker_command()[0] == sys.executable
+    with pytest.raises(ParadecodeError, match="not an executable file"):
+        LlamaCpp(build_options(LlamaCpp, {"python": str(tmp_path / "missing")}), model=None)

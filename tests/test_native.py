@@ -187,6 +187,13 @@ def test_the_kernel_choice_takes_what_the_machine_offers_and_is_kept(monkeypatch
     kept["choice"]["one"] = "no-such-kernel"
     saved[0].write_text(json.dumps(kept))
     assert backend.choose_kernels(tmp_path, repeats=1)["one"] == "own"  # measured again, not a crash
+    monkeypatch.setattr(Int8LlamaBackend, "available_kernels", lambda self: offered)
+    busy = {bucket: {kernel: 1.0 + (kernel == "own") for kernel in offered} for bucket in BUCKETS}
+    monkeypatch.setattr(Int8LlamaBackend, "_time_kernels", lambda self, kernels, repeats: (busy, False))
+    for path in tmp_path.glob("*.json"):
+        path.unlink()
+    choice = backend.choose_kernels(tmp_path, repeats=1)  # timings spread by other work: used, not kept
+    assert "own" not in choice.values() and not list(tmp_path.glob("*.json"))
 
 
 def test_sequences_sharing_a_pass_get_exactly_their_own_rows():

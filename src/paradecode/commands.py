@@ -236,7 +236,8 @@ def _dtypes(raw: str) -> list[str]:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from paradecode.profile import measure_curve, measure_stages, plot
+    from paradecode.backends.int8_llama import Int8LlamaBackend
+    from paradecode.profile import ISA_FLAGS, machine_report, measure_curve, measure_stages, plot
 
     dtypes = _dtypes(args.dtypes)
     try:
@@ -247,6 +248,7 @@ def run_profile(args: argparse.Namespace) -> int:
     positive("--repeats", args.repeats)
     curves: dict[str, dict[int, float]] = {}
     stages: dict[str, dict[int, dict[str, float]]] = {}
+    kernels: dict[str, dict] = {}
     for dtype in dtypes:
         model = load_model(args, dtype)
         label = f"{type(model.backend).__name__} {model.dtype}"
@@ -257,6 +259,23 @@ def run_profile(args: argparse.Namespace) -> int:
                 stages[label] = measure_stages(model.backend, sizes, args.context, args.repeats)
         except ValueError as error:
             raise ParadecodeError(str(error)) from None
+        if isinstance(model.backend, Int8LlamaBackend):
+            kernels[label] = dict(model.backend.kernel_report(), weight_bytes=model.backend.weight_bytes)
+    machine = machine_report()
+    print(f"CPU: {machine['cpu']} ({machine['machine']}, {machine['threads']} threads); "
+          f"ISA: {' '.join(machine['isa']) or 'none of ' + ', '.join(ISA_FLAGS)}"
+          + (f"; memory read {machine['read_gb_per_s']:.1f} GB/s" if "read_gb_per_s" in machine else ""))
+    for label, report in kernels.items():
+        if report.get("choice"):
+            chosen = []
+            for bucket, kernel in report["choice"].items():
+                timed = ", ".join(f"{k} {1000 * t:.2f} ms" for k, t in report["timings"].get(bucket, {}).items())
+                chosen.append(f"{bucket}={kernel}" + (f" ({timed})" if timed else ""))
+            print(f"{label}: int8 GEMM built for {report['isa']}; kernel per pass size: {'; '.join(chosen)}")
+        if "read_gb_per_s" in machine and sizes[0] == 1:
+            floor = report["weight_bytes"] / (machine["read_gb_per_s"] * 1e9)
+            print(f"{label}: {report['weight_bytes'] / 1e6:.1f} MB of weights per token, {1000 * floor:.2f} ms at the "
+                  f"measured bandwidth; the one-token forward takes {curves[label][1] / floor:.2f}x that")
     print(f"{'backend / dtype':<22}" + "".join(f"{'T=' + str(t):>10}" for t in sizes))
     for label, curve in curves.items():
         one = curve[sizes[0]]
@@ -275,8 +294,9 @@ def run_profile(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "cost_curve.json").write_text(json.dumps(
-            {"machine": machine_key(), "model": args.model, "context": args.context, "repeats": args.repeats,
-             "seconds": curves, "stage_seconds": stages}, indent=2))
+            {"machine": machine_key(), "cpu": machine, "kernels": kernels, "model": args.model,
+             "context": args.context, "repeats": args.repeats, "seconds": curves, "stage_seconds": stages},
+            indent=2))
         try:
             plot(curves, out / "cost_curve.png")
         except ImportError:

@@ -25,15 +25,35 @@ CONTEXT = 256
 
 def machine_key() -> str:
     """What a curve depends on besides the model: the CPU model, its cores and torch's thread count."""
-    cpu = platform.processor()
+    return f"{cpu_name()}|{platform.machine()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8",
+             "amx_bf16", "asimd", "sve")  # the /proc/cpuinfo flags that decide which kernels can run
+
+
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{cpu}|{platform.machine()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    return platform.processor() or platform.machine()
+
+
+def machine_report() -> dict:
+    """The CPU a measurement ran on: its name, the instruction-set flags that matter for the kernels, torch's
+    threads, and the memory read bandwidth (where the native kernels are built), for every speed table."""
+    from paradecode.backends import native
+
+    flags = set(native.cpu_flags().split())
+    report = dict(cpu=cpu_name(), machine=platform.machine(), threads=torch.get_num_threads(),
+                  isa=[flag for flag in ISA_FLAGS if flag in flags])
+    module = native.load()
+    if module is not None:
+        report["read_gb_per_s"] = round(module.read_bandwidth(512, 5), 1)
+    return report
 
 
 @torch.inference_mode()

@@ -207,10 +207,11 @@ class Int8LlamaBackend(LlamaBackend):
             except (ValueError, KeyError, TypeError, OSError):
                 pass  # a stale or damaged file: measure again
         self.use_kernels(dict.fromkeys(BUCKETS, offered[0]))
+        steady = True
         if len(offered) > 1:
-            self.kernel_timings = self._time_kernels(offered, repeats)
+            self.kernel_timings, steady = self._time_kernels(offered, repeats)
             self.use_kernels({bucket: min(times, key=times.get) for bucket, times in self.kernel_timings.items()})
-        if path is not None:
+        if path is not None and steady:  # a choice made while the machine was busy is used now, not kept
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 staging = path.with_suffix(f".{os.getpid()}.tmp")
@@ -221,14 +222,16 @@ class Int8LlamaBackend(LlamaBackend):
         return self.kernel_choice
 
     @torch.inference_mode()
-    def _time_kernels(self, kernels: Sequence[str], repeats: int) -> dict[str, dict[str, float]]:
+    def _time_kernels(self, kernels: Sequence[str], repeats: int) -> tuple[dict[str, dict[str, float]], bool]:
+        """Median seconds per bucket and kernel, and whether the timings were steady (every kernel's repeats
+        within 25% of their median: other work on the machine spreads them)."""
         context = min(32, self.max_length - max(BUCKETS.values()) - 1)
         if context < 1:
-            return {}
+            return {}, False
         ids = torch.arange(context + max(BUCKETS.values())) % self.vocab_size
         self.reset()
         self.forward(ids[:context], logits=False)
-        timings = {}
+        timings, steady = {}, True
         for bucket, t in BUCKETS.items():
             times: dict[str, list[float]] = {kernel: [] for kernel in kernels}
             rounds = repeats if t < 32 else max(2, repeats // 2)
@@ -241,8 +244,11 @@ class Int8LlamaBackend(LlamaBackend):
                         times[kernel].append(time.perf_counter() - start)
                     self.rollback(context)
             timings[bucket] = {kernel: statistics.median(seconds) for kernel, seconds in times.items()}
+            for kernel, seconds in times.items():
+                quartiles = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
+                steady &= quartiles[2] - quartiles[0] <= 0.25 * timings[bucket][kernel]
         self.reset()
-        return timings
+        return timings, steady
 
     def stage_seconds(self, work: Callable[[], Any]) -> dict[str, float] | None:
         """Run ``work`` (forwards on this backend) with the native pass timing its stages: seconds per stage

@@ -93,6 +93,9 @@ class LlamaCppOptions:
     n_threads: int = 0  # 0: one per core
     n_ctx: int = 0  # 0: the target backend's context length
     max_crashes: int = 3  # worker deaths in a row after which the peer is not restarted again
+    # the Python that runs the worker: another environment's llama-cpp-python, e.g. one built for this CPU
+    # (CMAKE_ARGS="-DGGML_NATIVE=ON") beside the portable build, to compare both in one run; "": this one
+    python: str = ""
 
 
 class _LlamaCppPeer(Peer):
@@ -101,13 +104,20 @@ class _LlamaCppPeer(Peer):
     def worker_command(self) -> list[str]:
         # the worker file runs as a script: it needs only the standard library and llama_cpp, so the child
         # starts without importing paradecode (and torch)
-        return [sys.executable, llamacpp_worker.__file__]
+        return [self.options.python or sys.executable, llamacpp_worker.__file__]
 
     @classmethod
     def unavailable(cls, model) -> str | None:
         if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: its native code runs in the child
             return "llama-cpp-python is not installed (pip install llama-cpp-python)"
         return None if gguf_path(model) else f"no GGUF file is known for model {model.name!r}"
+
+    def __init__(self, options, model, draft_model: str | None = None) -> None:
+        super().__init__(options, model, draft_model)
+        python = options.python
+        if python and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ParadecodeError(f"option python of {self.method_name!r} names {python!r}, which is not an executable "
+                                  "file; give the path of a Python interpreter whose environment has llama-cpp-python.")
 
     def worker_config(self) -> dict:
         return dict(engine="llamacpp", model_path=str(gguf_path(self.model)), n_ctx=self.n_ctx(),

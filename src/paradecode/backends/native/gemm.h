@@ -149,7 +149,8 @@ constexpr bool kOffsetSums = true;
 constexpr bool kOffsetSums = false;
 #endif
 
-constexpr int64_t kChunkQuads = 32;  // k quads per chunk: a tile's weights for one chunk stay in L1 across rows
+constexpr int64_t kChunkQuads = 8;  // k quads per chunk: a tile's weights for one chunk stay in L1 across rows
+constexpr int64_t kPrefetchChunks = 2;  // with several rows, ask for the weights this many chunks ahead
 constexpr int kMaxTileRows = 64;     // rows whose sums one tile keeps (more rows: several passes over the tile)
 
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows), MR rows at a time: y[r * y_stride + c] for the tile's
@@ -163,8 +164,8 @@ inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_
   const uint8_t* wb = w.data + b0 * block_bytes;
   for (int64_t i0 = 0; i0 < w.kq; i0 += kChunkQuads) {
     const int64_t i1 = std::min(w.kq, i0 + kChunkQuads);
-    if (rows > 1) {  // the next chunk's weights: with several rows per byte the bus would idle between chunks
-      const uint8_t* ahead = wb + i1 * 64;  // past the last chunk this runs into the next tile's blocks: fine
+    if (rows > 1) {  // later chunks' weights: with several rows per byte the bus would idle between chunks
+      const uint8_t* ahead = wb + (i0 + kPrefetchChunks * kChunkQuads) * 64;  // past the end: the next tile's
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < (i1 - i0) * 64; off += 64) __builtin_prefetch(ahead + b * block_bytes + off, 0, 3);
     }

@@ -71,3 +71,14 @@ def test_real_model_chat_template_and_stop(model):
     raw = model.encode("Hello", chat=False)
     chat = model.encode("Hello")
     assert len(chat) > len(raw)  # the chat template wraps the prompt
+
+
+@pytest.mark.parametrize("stops", [["5"], [", 4"], ["4, 5", ", 4, 6"], ["\n"]])
+def test_real_model_stop_strings_never_leak_into_a_stream(model, stops):
+    reference = model.generate("Count to ten: 1, 2,", max_new_tokens=40).text
+    for method in paradecode.method_names():
+        stream = model.stream("Count to ten: 1, 2,", method=method, max_new_tokens=40, stop=stops,
+                              options=_options(method))
+        streamed = "".join(stream)
+        assert streamed == stream.result.text, method
+        assert not any(s in streamed for s in stops) and reference.startswith(streamed), method

@@ -22,6 +22,7 @@ from paradecode.models import DEFAULT_MODEL, default_dtype, resolve
 from paradecode.quality import calibration_ids
 from paradecode.registry import get_method
 from paradecode.stats import DecodeStats
+from paradecode.text import OutputText
 
 BACKENDS = ("auto", "llama", "hf")
 DTYPES = ("auto", *BACKEND_DTYPES)  # auto: int8 where its measured quality passes the bar (models.default_dtype)
@@ -191,12 +192,12 @@ class Model:
 
     # -- generation ------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
-        """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments."""
-        run = self._start(prompt, **kwargs)
-        output: list[int] = []
-        for new_tokens in run.steps:
-            output.extend(new_tokens)
-        return GenerationResult(self._final_text(output, run.config), output, run.stats, run.prompt_ids)
+        """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments. The text is
+        what ``stream`` would show, put together."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.result
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> "TextStream":
         """Iterate over text deltas as steps commit tokens; ``.result`` holds the full result afterwards.
@@ -239,11 +240,6 @@ class Model:
                        stats=stats)
         return _Run(config, prompt_ids, stats, steps)
 
-    def _final_text(self, output: list[int], config: GenerationConfig) -> str:
-        text = self.decode(output)
-        cuts = [text.find(s) for s in config.stop if s in text]
-        return text[: min(cuts)] if cuts else text
-
     # -- peers for the benchmark -----------------------------------------------------------------------
     @property
     def hf_model(self):
@@ -257,28 +253,23 @@ class Model:
 
 
 class TextStream:
-    """Text deltas of a running generation. Text that could be the start of a stop string, or an incomplete
-    UTF-8 character, is held back until the next step resolves it."""
+    """Text deltas of a running generation (``paradecode.text.OutputText``: a tail that could still start a stop
+    string, or an incomplete UTF-8 character, waits for the next step). Put together they are ``result.text``."""
 
     def __init__(self, model: Model, run: "_Run") -> None:
         self.model, self.run = model, run
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        output: list[int] = []
-        sent = 0
-        hold = max((len(s) for s in self.run.config.stop), default=1) - 1
+        view = OutputText(self.model.decode, self.run.config.stop)
         for new_tokens in self.run.steps:
-            output.extend(new_tokens)
-            text = self.model.decode(output)
-            ready = len(text.rstrip("\ufffd")) - hold
-            if ready > sent:
-                yield text[sent:ready]
-                sent = ready
-        text = self.model._final_text(output, self.run.config)
-        if len(text) > sent:
-            yield text[sent:]
-        self.result = GenerationResult(text, output, self.run.stats, self.run.prompt_ids)
+            delta = view.extend(new_tokens)
+            if delta:
+                yield delta
+        delta = view.finish()
+        if delta:
+            yield delta
+        self.result = GenerationResult(view.text, view.tokens, self.run.stats, self.run.prompt_ids)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from paradecode.config import GenerationConfig
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
 from paradecode.stats import DecodeStats, StepRecord
+from paradecode.text import stop_cut
 from paradecode.verify import Verdict, verify_greedy, verify_speculative
 from paradecode.verify.sampling import probabilities
 
@@ -206,9 +207,7 @@ def _cut(
     if len(new_tokens) >= room:
         new_tokens, reason = new_tokens[:room], reason or "context"
     if config.stop:
-        output = state.tokens[state.prompt_len :]
-        if any(s in text_of(output + new_tokens) for s in config.stop):
-            for m in range(1, len(new_tokens) + 1):  # the shortest cut that completes a stop string
-                if any(s in text_of(output + new_tokens[:m]) for s in config.stop):
-                    return new_tokens[:m], "stop"
+        cut = stop_cut(text_of, config.stop, state.tokens[state.prompt_len :], new_tokens)
+        if cut is not None:
+            return new_tokens[:cut], "stop"
     return new_tokens, reason

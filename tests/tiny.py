@@ -59,7 +59,8 @@ def text_of(ids: list[int]) -> str:
 
 
 def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eos_ids=(), stop=(),
-        temperature: float = 0.0, seed: int = 0, draft_backend=None, **options) -> tuple[list[int], DecodeStats]:
+        temperature: float = 0.0, seed: int = 0, draft_backend=None, on_commit=None,
+        **options) -> tuple[list[int], DecodeStats]:
     """Decode with a registered method straight through the engine; returns (output ids, stats)."""
     context = SimpleNamespace(load_draft_backend=lambda name: draft_backend)
     if draft_backend is not None:
@@ -69,7 +70,7 @@ def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eo
                               sampling=SamplingConfig(temperature=temperature, seed=seed))
     stats = DecodeStats(method=method)
     output = [t for step in decode(backend, drafter, prompt, config, eos_ids=frozenset(eos_ids),
-                                   text_of=text_of, stats=stats) for t in step]
+                                   text_of=text_of, stats=stats, on_commit=on_commit) for t in step]
     return output, stats
 
 
@@ -132,7 +133,8 @@ def tiny_bytes_model_dir(path, seed: int = 0, vocab: int = 300):
     tokenizer.train_from_iterator([BYTE_TEXT] * 4, trainer)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
     model = tiny_llama(seed, vocab=tokenizer.get_vocab_size(), sharp=4.0)
-    model.config.eos_token_id = fast.eos_token_id
+    model.config.eos_token_id = model.generation_config.eos_token_id = fast.eos_token_id
+    model.config.bos_token_id = model.generation_config.bos_token_id = None
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return path

@@ -49,6 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     gen.add_argument("--trace", action="store_true", help="with --json: include every step's draft and verdict")
+    structured = gen.add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", metavar="FILE",
+                            help="structured output: the answer is JSON valid under this JSON schema (a .json file)")
+    structured.add_argument("--regex", help="structured output: the answer matches this regular expression")
+    structured.add_argument("--grammar", metavar="FILE",
+                            help="structured output: the answer follows this grammar (a Lark file with a 'start:' "
+                                 "rule, or GBNF with 'root ::=')")
+    gen.add_argument("--logprobs", type=int, metavar="K",
+                     help="with --json: each token's log-probability under the model (read from the verify pass) "
+                          "and the K most likely alternatives (0: the chosen token only)")
     gen.add_argument("--verify", action="store_true",
                      help="also decode with 'ar' and report whether the output is identical (exit 3 if not)")
     gen.set_defaults(run=run_generate)
@@ -118,6 +128,29 @@ def method_options(args: argparse.Namespace) -> dict:
     return options
 
 
+def structured_output(args: argparse.Namespace) -> dict:
+    """``--json-schema FILE`` / ``--regex RE`` / ``--grammar FILE`` as ``Model.generate`` arguments, checked before
+    any model is loaded."""
+    from paradecode.constraints import grammar_source
+
+    def read(path: str, what: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as file:
+                return file.read()
+        except OSError as error:
+            raise ParadecodeError(f"cannot read the {what} file {path!r}: {error.strerror}.") from None
+
+    given = {}
+    if args.json_schema:
+        given["json_schema"] = read(args.json_schema, "JSON schema")
+    if args.regex is not None:
+        given["regex"] = args.regex
+    if args.grammar:
+        given["grammar"] = read(args.grammar, "grammar")
+    grammar_source(**given)
+    return given
+
+
 def read_prompt(prompt: str | None) -> str:
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
@@ -137,15 +170,19 @@ def run_generate(args: argparse.Namespace) -> int:
                               sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))
     if args.verify and not config.sampling.greedy:
         raise ParadecodeError("--verify compares token ids with greedy 'ar' decoding: use it with temperature 0.")
+    if args.logprobs is not None and (not args.json or args.logprobs < 0):
+        raise ParadecodeError("--logprobs K (K >= 0 alternatives per token) adds logprobs to the JSON output: use "
+                              "it with --json.")
+    structured = structured_output(args)
     prompt = read_prompt(args.prompt)
     load_start = time.perf_counter()
     model = load_model(args)
     load_time = time.perf_counter() - load_start
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, chat=False if args.raw else None,
-                  options=options)
+                  options=options, **structured)
     if args.json:
-        result = model.generate(prompt, **kwargs)
+        result = model.generate(prompt, **kwargs, logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0)
         payload = result.to_dict(with_steps=args.trace)
         payload["stats"]["load_time_s"] = load_time
     else:

@@ -60,6 +60,20 @@ class Proposal:
         """Each node's parent index (-1 = root), a chain's included."""
         return list(range(-1, len(self.tokens) - 1)) if self.parents is None else self.parents
 
+    def keep(self, nodes: list[int]) -> None:
+        """Keep only ``nodes`` (ascending, each with its ancestors): their tokens, parents (re-indexed), q rows
+        and the columns of the extra inputs' mask."""
+        n = len(self.tokens)
+        if self.parents is not None:
+            where = {old: new for new, old in enumerate(nodes)}
+            self.parents = [where.get(self.parents[i], -1) for i in nodes]
+        self.tokens = [self.tokens[i] for i in nodes]
+        if self.draft_probs is not None:
+            self.draft_probs = self.draft_probs[nodes]
+        if self.extra_mask is not None:  # [E, 1 + N + E]: drop the columns of the dropped nodes
+            columns = [0] + [1 + i for i in nodes] + list(range(1 + n, self.extra_mask.shape[1]))
+            self.extra_mask = self.extra_mask[:, columns]
+
 
 def tree_parents(parents: list[int]) -> list[int] | None:
     """``parents`` as ``Proposal.parents`` wants them: None when the nodes form a chain (each the child of the
@@ -75,6 +89,7 @@ class Drafter:
     lossless_sampling: ClassVar[bool] = True  # False: the method refuses temperature > 0
     needs_draft_probs_under_sampling: ClassVar[bool] = False
     needs_hidden: ClassVar[bool] = False  # True: the engine hands over the target's hidden states (trained heads)
+    drafts: ClassVar[bool] = True  # False: never proposes (ar), and gets no grammar-forced drafts either
 
     def __init__(self, options: Any = None, context: Any = None) -> None:
         self.options = options

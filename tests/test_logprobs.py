@@ -14,7 +14,8 @@ import paradecode
 from paradecode import cli
 from paradecode.logprobs import LogprobReader, TokenText
 from test_int8 import CALIBRATION, METHODS
-from tiny import PROMPTS, run_case, tiny_backend, tiny_model_dir
+from test_server import CHAT, chat_dir, serving  # noqa: F401  (chat_dir: a fixture, a tiny model with a chat template)
+from tiny import PROMPTS, run_case, tiny_backend
 
 PROMPT = "w3 w4 w5 w3 w4 w5 w3 w4"
 
@@ -66,16 +67,8 @@ def test_logprobs_are_the_models_distribution_at_each_token():
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from test_server import CHAT_TEMPLATE
-
-    path = tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-    return str(path)
+def model_dir(chat_dir):
+    return chat_dir
 
 
 def test_api_stream_chunks_and_json_carry_the_logprobs(model_dir, capsys, tmp_path):
@@ -100,8 +93,6 @@ def test_api_stream_chunks_and_json_carry_the_logprobs(model_dir, capsys, tmp_pa
 
 
 def test_server_logprobs_chat_and_completions_streamed_and_not(model_dir, tmp_path):
-    from test_server import CHAT, serving
-
     model = paradecode.load(model_dir, dtype="int8", cache_dir=tmp_path)
     reference = paradecode.load(model_dir, dtype="int8", cache_dir=tmp_path)
     with serving(model, method="pld", max_new_tokens=16) as url:
@@ -137,8 +128,6 @@ def test_server_logprobs_chat_and_completions_streamed_and_not(model_dir, tmp_pa
 
 
 def test_n_choices_are_seeded_seed_plus_i(model_dir):
-    from test_server import CHAT, serving
-
     model = paradecode.load(model_dir)
     reference = paradecode.load(model_dir)
     with serving(model, method="ar", max_new_tokens=12, max_n=4) as url:

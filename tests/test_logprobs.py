@@ -15,7 +15,7 @@ from paradecode import cli
 from paradecode.logprobs import LogprobReader, TokenText
 from test_int8 import CALIBRATION, METHODS
 from test_server import CHAT, chat_dir, serving  # noqa: F401  (chat_dir: a fixture, a tiny model with a chat template)
-from tiny import PROMPTS, run_case, tiny_backend
+from tiny import PROMPTS, run_case, tiny_backend, tiny_int8_backend
 
 PROMPT = "w3 w4 w5 w3 w4 w5 w3 w4"
 
@@ -42,7 +42,7 @@ def _logprobs(backend, case, prompt, options, seed, top=3):
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("method,options", METHODS, ids=[m for m, _ in METHODS])
 def test_every_method_reports_ars_logprobs_to_the_bit(seed, method, options):
-    backend = tiny_backend(seed, sharp=4.0).quantize_int8(CALIBRATION)
+    backend = tiny_int8_backend(seed, CALIBRATION, sharp=4.0)
     for prompt in PROMPTS:
         expected = _logprobs(backend, "ar", prompt, {}, seed)
         assert _logprobs(backend, method, prompt, options, seed) == expected, (method, prompt)

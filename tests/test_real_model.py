@@ -1,5 +1,5 @@
 """Lossless on the real model: every registered method reproduces greedy `ar` of the same dtype (int8, the
-default, and fp32) on Spec-Bench questions.
+default, and fp32) on Spec-Bench questions, and reports its logprobs.
 
 Slow (loads SmolLM2-135M-Instruct; the first run converts its GGUF into the cache), but run in CI. If a
 mismatch ever appears, the failure message shows the target's top-2 logit gap at the first differing
@@ -34,7 +34,8 @@ def model(request):
 
 @pytest.fixture(scope="module")
 def references(model):
-    return [model.generate(q, method="ar", max_new_tokens=MAX_NEW) for q in _questions()]
+    return [model.generate(q, method="ar", max_new_tokens=MAX_NEW, logprobs=True, top_logprobs=5)
+            for q in _questions()]
 
 
 def _methods() -> list[str]:
@@ -57,12 +58,22 @@ def _near_tie_report(model, prompt_ids, expected, got) -> str:
 
 
 @pytest.mark.parametrize("method", _methods())
-def test_real_model_greedy_equals_ar(model, references, method):
+def test_real_model_greedy_and_logprobs_equal_ar(model, references, method):
+    """Tokens equal ar's; logprobs (read from each method's verify rows) equal ar's to the bit on int8, whose rows
+    are computed one by one, and to float rounding on fp32."""
     for question, reference in zip(_questions(), references):
-        out = model.generate(question, method=method, max_new_tokens=MAX_NEW, options=_options(method))
+        out = model.generate(question, method=method, max_new_tokens=MAX_NEW, options=_options(method),
+                             logprobs=True, top_logprobs=5)
         assert out.token_ids == reference.token_ids, _near_tie_report(
             model, reference.prompt_token_ids, reference.token_ids, out.token_ids)
         assert out.stats.forward_passes <= reference.stats.forward_passes
+        if model.dtype == "int8":
+            assert out.logprobs == reference.logprobs, method
+        else:
+            got = [e.logprob for e in out.logprobs] + [t.logprob for e in out.logprobs for t in e.top_logprobs]
+            want = [e.logprob for e in reference.logprobs] + [
+                t.logprob for e in reference.logprobs for t in e.top_logprobs]
+            assert got == pytest.approx(want, abs=1e-3), method
 
 
 def test_real_model_chat_template_and_stop(model):
@@ -71,3 +82,29 @@ def test_real_model_chat_template_and_stop(model):
     raw = model.encode("Hello", chat=False)
     chat = model.encode("Hello")
     assert len(chat) > len(raw)  # the chat template wraps the prompt
+
+
+@pytest.mark.parametrize("stops", [["5"], [", 4"], ["4, 5", ", 4, 6"], ["\n"]])
+def test_real_model_stop_strings_never_leak_into_a_stream(model, stops):
+    reference = model.generate("Count to ten: 1, 2,", max_new_tokens=40).text
+    for method in paradecode.method_names():
+        stream = model.stream("Count to ten: 1, 2,", method=method, max_new_tokens=40, stop=stops,
+                              options=_options(method))
+        streamed = "".join(stream)
+        assert streamed == stream.result.text, method
+        assert not any(s in streamed for s in stops) and reference.startswith(streamed), method
+
+
+def test_real_model_constrained_greedy_is_valid_and_equal_across_methods(model):
+    """Structured output on the real tokenizer: every method's answer equals ar's and validates."""
+    import jsonschema
+
+    tasks = [json.loads(line) for line in (Path(__file__).resolve().parents[1] / "benchmarks" / "structured" /
+                                           "tasks.jsonl").read_text().splitlines()[:3]]
+    for task in tasks:
+        reference = model.generate(task["prompt"], max_new_tokens=96, json_schema=task["schema"])
+        jsonschema.validate(json.loads(reference.text), task["schema"])
+        for method in _methods():
+            out = model.generate(task["prompt"], method=method, max_new_tokens=96, json_schema=task["schema"],
+                                 options=_options(method))
+            assert out.token_ids == reference.token_ids, (task["id"], method)

@@ -59,7 +59,8 @@ def text_of(ids: list[int]) -> str:
 
 
 def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eos_ids=(), stop=(),
-        temperature: float = 0.0, seed: int = 0, draft_backend=None, **options) -> tuple[list[int], DecodeStats]:
+        temperature: float = 0.0, seed: int = 0, draft_backend=None, on_commit=None,
+        **options) -> tuple[list[int], DecodeStats]:
     """Decode with a registered method straight through the engine; returns (output ids, stats)."""
     context = SimpleNamespace(load_draft_backend=lambda name: draft_backend)
     if draft_backend is not None:
@@ -69,7 +70,7 @@ def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eo
                               sampling=SamplingConfig(temperature=temperature, seed=seed))
     stats = DecodeStats(method=method)
     output = [t for step in decode(backend, drafter, prompt, config, eos_ids=frozenset(eos_ids),
-                                   text_of=text_of, stats=stats) for t in step]
+                                   text_of=text_of, stats=stats, on_commit=on_commit) for t in step]
     return output, stats
 
 
@@ -113,3 +114,27 @@ class ChainOnly:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+BYTE_TEXT = ("Café, naïve, über, smörgåsbord; 日本語のテキスト, 한국어, ελληνικά, русский — “quotes”, 1, 2, 3, 4, 5. "
+             "The sea is calm tonight. Count to ten: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.")
+
+
+def tiny_bytes_model_dir(path, seed: int = 0, vocab: int = 300):
+    """A tiny random Llama with a byte-level BPE tokenizer (GPT-2 style, as SmolLM2's): tokens are byte strings,
+    so an output can stop in the middle of a UTF-8 character."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([BYTE_TEXT] * 4, trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+    model = tiny_llama(seed, vocab=tokenizer.get_vocab_size(), sharp=4.0)
+    model.config.eos_token_id = model.generation_config.eos_token_id = fast.eos_token_id
+    model.config.bos_token_id = model.generation_config.bos_token_id = None
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path

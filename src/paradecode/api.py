@@ -16,13 +16,16 @@ from typing import Any, Iterator, Sequence
 from paradecode import utf8
 from paradecode.backends import DTYPES as BACKEND_DTYPES
 from paradecode.config import GenerationConfig, SamplingConfig
+from paradecode.constraints import Constraint, GrammarCompiler, grammar_source
 from paradecode.drafters.base import Drafter
 from paradecode.engine import decode
 from paradecode.errors import ParadecodeError
+from paradecode.logprobs import LogprobReader, TokenLogprob, TokenText
 from paradecode.models import DEFAULT_MODEL, default_dtype, resolve
 from paradecode.quality import calibration_ids
 from paradecode.registry import resolve_method
 from paradecode.stats import DecodeStats
+from paradecode.text import OutputText
 
 BACKENDS = ("auto", "llama", "hf")
 DTYPES = ("auto", *BACKEND_DTYPES)  # auto: int8 where its measured quality passes the bar (models.default_dtype)
@@ -34,9 +37,23 @@ class GenerationResult:
     token_ids: list[int]  # generated tokens only (the prompt is in prompt_token_ids)
     stats: DecodeStats
     prompt_token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for (see paradecode.logprobs)
 
     def to_dict(self, with_steps: bool = False) -> dict:
-        return dict(text=self.text, token_ids=self.token_ids, stats=self.stats.to_dict(with_steps=with_steps))
+        data = dict(text=self.text, token_ids=self.token_ids, stats=self.stats.to_dict(with_steps=with_steps))
+        if self.logprobs is not None:
+            data["logprobs"] = [entry.to_dict() for entry in self.logprobs]
+        return data
+
+
+@dataclass
+class Chunk:
+    """What one step of a stream adds: text safe to show, and the tokens committed since the last chunk with
+    their logprobs (when asked for). The chunks' texts, token ids and logprobs put together are the result's."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
 
 
 def load(
@@ -120,6 +137,8 @@ class Model:
         self._draft_backends: dict[str, Any] = {}
         self._hf_model = None
         self._cost_curve: dict[int, float] | None = None
+        self._token_text: TokenText | None = None
+        self._grammars: GrammarCompiler | None = None
         # what drafters keep across requests on this model, per (method, options): see Drafter.kept_state
         self.method_state: dict[tuple[str, Any], dict] = {}
 
@@ -194,16 +213,20 @@ class Model:
 
     # -- generation ------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
-        """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments."""
-        run = self._start(prompt, **kwargs)
-        output: list[int] = []
-        for new_tokens in run.steps:
-            output.extend(new_tokens)
-        return GenerationResult(self._final_text(output, run.config), output, run.stats, run.prompt_ids)
+        """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments. The text is
+        what ``stream`` would show, put together."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.result
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> "TextStream":
-        """Iterate over text deltas as steps commit tokens; ``.result`` holds the full result afterwards.
-        Arguments: method, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, options, draft_model."""
+        """Iterate over text deltas as steps commit tokens (``.chunks()`` gives tokens and logprobs with them);
+        ``.result`` holds the full result afterwards. Arguments: method, max_new_tokens, temperature, top_k, top_p,
+        seed, stop, chat, options, draft_model; ``logprobs`` (True: each token's log-probability, read from the
+        target's logits, see ``paradecode.logprobs``) with ``top_logprobs`` (that many alternatives each); and
+        structured output, one of ``json_schema`` (a dict or JSON text), ``regex``, ``grammar`` (Lark or GBNF):
+        the output follows it under every method (``paradecode.constraints``)."""
         return TextStream(self, self._start(prompt, **kwargs))
 
     def _start(
@@ -220,7 +243,15 @@ class Model:
         chat: bool | None = None,
         options: dict[str, Any] | None = None,
         draft_model: str | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        json_schema: dict | str | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
     ) -> "_Run":
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ParadecodeError(f"top_logprobs must be an integer >= 0, got {top_logprobs!r}.")
+        source = grammar_source(json_schema, regex, grammar)
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
@@ -236,14 +267,26 @@ class Model:
         cost_curve = self.cost_curve if drafter.wants_cost_curve() else None
         prompt_ids = self.encode(prompt, chat)
         stats = DecodeStats(method=method)
+        reader = LogprobReader(self.token_text, top_logprobs) if logprobs or top_logprobs else None
+        constraint = None if source is None else Constraint(self.grammars.state(source))
         steps = decode(self.backend, drafter, prompt_ids, config, eos_ids=self.eos_ids, text_of=self.decode,
-                       stats=stats, cost_curve=cost_curve, method_state=self.method_state)
-        return _Run(config, prompt_ids, stats, steps)
+                       stats=stats, cost_curve=cost_curve, method_state=self.method_state, on_commit=reader,
+                       constraint=constraint)
+        return _Run(config, prompt_ids, stats, steps, reader)
 
-    def _final_text(self, output: list[int], config: GenerationConfig) -> str:
-        text = self.decode(output)
-        cuts = [text.find(s) for s in config.stop if s in text]
-        return text[: min(cuts)] if cuts else text
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles structured-output grammars for this model's vocabulary (built on first use)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.eos_ids, self.backend.vocab_size)
+        return self._grammars
+
+    @property
+    def token_text(self) -> TokenText:
+        """Each token's text and bytes, as logprobs report them."""
+        if self._token_text is None:
+            self._token_text = TokenText(self.tokenizer)
+        return self._token_text
 
     # -- peers for the benchmark -----------------------------------------------------------------------
     @property
@@ -258,28 +301,34 @@ class Model:
 
 
 class TextStream:
-    """Text deltas of a running generation. Text that could be the start of a stop string, or an incomplete
-    UTF-8 character, is held back until the next step resolves it."""
+    """Text deltas of a running generation (``paradecode.text.OutputText``: a tail that could still start a stop
+    string, or an incomplete UTF-8 character, waits for the next step). Put together they are ``result.text``."""
 
     def __init__(self, model: Model, run: "_Run") -> None:
         self.model, self.run = model, run
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        output: list[int] = []
-        sent = 0
-        hold = max((len(s) for s in self.run.config.stop), default=1) - 1
+        return (chunk.text for chunk in self.chunks() if chunk.text)
+
+    def chunks(self) -> Iterator[Chunk]:
+        """One chunk per step that shows new text, and a last one with the rest (its text may be empty)."""
+        view = OutputText(self.model.decode, self.run.config.stop)
+        entries = self.run.logprobs.entries if self.run.logprobs is not None else None
+        sent = 0  # tokens handed out in chunks so far
         for new_tokens in self.run.steps:
-            output.extend(new_tokens)
-            text = self.model.decode(output)
-            ready = len(text.rstrip("\ufffd")) - hold
-            if ready > sent:
-                yield text[sent:ready]
-                sent = ready
-        text = self.model._final_text(output, self.run.config)
-        if len(text) > sent:
-            yield text[sent:]
-        self.result = GenerationResult(text, output, self.run.stats, self.run.prompt_ids)
+            delta = view.extend(new_tokens)
+            if delta:
+                yield self._chunk(delta, view.tokens, entries, sent)
+                sent = len(view.tokens)
+        delta = view.finish()
+        if delta or len(view.tokens) > sent:
+            yield self._chunk(delta, view.tokens, entries, sent)
+        self.result = GenerationResult(view.text, view.tokens, self.run.stats, self.run.prompt_ids, entries)
+
+    @staticmethod
+    def _chunk(text: str, tokens: list[int], entries: list[TokenLogprob] | None, sent: int) -> Chunk:
+        return Chunk(text, tokens[sent:], None if entries is None else entries[sent: len(tokens)])
 
 
 @dataclass
@@ -288,6 +337,7 @@ class _Run:
     prompt_ids: list[int]
     stats: DecodeStats
     steps: Iterator[list[int]]
+    logprobs: LogprobReader | None = None
 
 
 def _eos_ids(tokenizer, model_dir: Path) -> frozenset[int]:

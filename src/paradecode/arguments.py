@@ -149,6 +149,22 @@ def method_options(args: argparse.Namespace) -> dict:
     return resolve_method(args.method, options).options
 
 
+def structured_output(args: argparse.Namespace) -> dict:
+    """``--json-schema FILE`` / ``--regex RE`` / ``--grammar FILE`` as ``Model.generate`` arguments, checked before
+    any model is loaded."""
+    from paradecode.constraints import grammar_source
+
+    given = {}
+    if args.json_schema:
+        given["json_schema"] = utf8.read(args.json_schema, f"the JSON schema file {args.json_schema}")
+    if args.regex is not None:
+        given["regex"] = args.regex
+    if args.grammar:
+        given["grammar"] = utf8.read(args.grammar, f"the grammar file {args.grammar}")
+    grammar_source(**given)
+    return given
+
+
 def read_prompt(prompt: str | None) -> str:
     """The prompt argument, or standard input when it is absent or '-'; UTF-8 text either way (``utf8``)."""
     if prompt is None or prompt == "-":

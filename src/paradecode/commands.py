@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from paradecode.arguments import (EXIT_NOT_LOSSLESS, add_cache_argument, add_decoding_arguments, add_model_arguments,
-                                  file_to_write, folder_to_write, load_model, method_options, positive, read_prompt)
+                                  file_to_read, file_to_write, folder_to_write, load_model, method_options, positive,
+                                  read_prompt, structured_output)
 from paradecode.backends import DTYPES as DTYPE_CHOICES
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.errors import ParadecodeError
@@ -42,6 +43,16 @@ def add_commands(commands) -> None:
     gen.add_argument("--raw", action="store_true", help="raw completion: do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, sampling")
     gen.add_argument("--trace", action="store_true", help="with --json: include every step's draft and verdict")
+    structured = gen.add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", metavar="FILE", type=file_to_read("--json-schema"),
+                            help="structured output: the answer is JSON valid under this JSON schema (a .json file)")
+    structured.add_argument("--regex", help="structured output: the answer matches this regular expression")
+    structured.add_argument("--grammar", metavar="FILE", type=file_to_read("--grammar"),
+                            help="structured output: the answer follows this grammar (a Lark file with a 'start:' "
+                                 "rule, or GBNF with 'root ::=')")
+    gen.add_argument("--logprobs", type=int, metavar="K",
+                     help="with --json: each token's log-probability under the model (read from the verify pass) "
+                          "and the K most likely alternatives (0: the chosen token only)")
     gen.add_argument("--verify", action="store_true",
                      help="also decode with 'ar' and report whether the output is identical (exit 3 if not); "
                           "greedy")
@@ -103,6 +114,10 @@ def run_generate(args: argparse.Namespace) -> int:
     given = SamplingConfig(args.temperature or 0.0, args.top_k or 0, 1.0 if args.top_p is None else args.top_p,
                            args.seed)
     GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), sampling=given)  # fail fast
+    if args.logprobs is not None and (not args.json or args.logprobs < 0):
+        raise ParadecodeError("--logprobs K (K >= 0 alternatives per token) adds logprobs to the JSON output: use "
+                              "it with --json.")
+    structured = structured_output(args)
     prompt = read_prompt(args.prompt)
     load_start = time.perf_counter()
     model = load_model(args)
@@ -110,9 +125,9 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling, source = generate_sampling(args, model)
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=sampling.temperature,
                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, stop=args.stop,
-                  chat=False if args.raw else None, options=options)
+                  chat=False if args.raw else None, options=options, **structured)
     if args.json:
-        result = model.generate(prompt, **kwargs)
+        result = model.generate(prompt, **kwargs, logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0)
         payload = result.to_dict(with_steps=args.trace)
         payload["stats"]["load_time_s"] = load_time
         payload["sampling"] = dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,

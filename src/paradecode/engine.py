@@ -18,9 +18,11 @@ import torch
 
 from paradecode.backends.base import Backend, causal_mask
 from paradecode.config import GenerationConfig
+from paradecode.constraints.speculative import Constraint
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
 from paradecode.stats import DecodeStats, StepRecord
+from paradecode.text import stop_cut
 from paradecode.tree_layout import tree_depths, tree_mask
 from paradecode.verify import Verdict, verify_greedy, verify_speculative
 from paradecode.verify.sampling import probabilities
@@ -37,8 +39,13 @@ def decode(
     stats: DecodeStats | None = None,
     cost_curve: dict[int, float] | None = None,  # see DecodeState.cost_curve
     method_state: dict | None = None,  # see DecodeState.method_state
+    on_commit: Callable[[list[int], torch.Tensor], None] | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[list[int]]:
-    """Yield the tokens each step commits; fills ``stats`` (pass one in to read it afterwards)."""
+    """Yield the tokens each step commits; fills ``stats`` (pass one in to read it afterwards). ``on_commit``
+    (e.g. ``logprobs.LogprobReader``) gets each step's committed tokens and the target logits that predicted
+    them ([K, V]: the verify pass's rows of the root and of each accepted node). ``constraint`` (structured
+    output) masks the target's logits before verification; see ``constraints.speculative``."""
     stats = stats if stats is not None else DecodeStats()
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -83,11 +90,20 @@ def decode(
         remaining = config.max_new_tokens - state.output_len
         room = backend.max_length - len(state.tokens)  # tokens that still fit in the context
         state.max_draft = max(0, min(remaining, room) - 1)
-        proposal = _fit(drafter.propose(state), state.max_draft, room, backend.supports_tree)
-        verdict = _score_and_verify(backend, proposal, state, hidden)
+        proposal = drafter.propose(state)
+        if constraint is not None and drafter.drafts:
+            proposal = constraint.with_forced(proposal, state.max_draft)
+        proposal = _fit(proposal, state.max_draft, room, backend.supports_tree)
+        allowed = constraint.masks(proposal) if constraint is not None else None  # [1+N, V]
+        verdict = _score_and_verify(backend, proposal, state, hidden, allowed)
         new_tokens = verdict.accepted_tokens + [verdict.next_token]
         new_tokens, stop_reason = _cut(new_tokens, state, config, text_of, room)
+        if on_commit is not None:
+            rows = [0] + [1 + i for i in verdict.accepted]
+            on_commit(new_tokens, verdict.target_logits[rows[: len(new_tokens)]])
         state.tokens.extend(new_tokens)
+        if constraint is not None:
+            constraint.commit(new_tokens)
         verdict.committed_tokens = new_tokens
         drafter.observe(state, verdict)
 
@@ -115,6 +131,8 @@ def decode(
     stats.stop_reason = stop_reason
     stats.draft_forward_passes = drafter.draft_forward_passes
     stats.info.update(drafter.summary())
+    if constraint is not None:
+        stats.info.update(constraint.summary())
     stats.wall_time_s = time.perf_counter() - start
 
 
@@ -128,15 +146,8 @@ def _fit(proposal: Proposal, max_draft: int, room: int, supports_tree: bool) -> 
     else:
         depths = tree_depths(proposal.parents)
         keep = [i for i in range(n) if depths[i] <= max_draft][:room]  # a wide tree may outgrow the cache
-        where = {old: new for new, old in enumerate(keep)}  # parents come first: ancestors are kept too
-        proposal.parents = [where.get(proposal.parents[i], -1) for i in keep]
     if len(keep) < n:
-        proposal.tokens = [proposal.tokens[i] for i in keep]
-        if proposal.draft_probs is not None:
-            proposal.draft_probs = proposal.draft_probs[keep]
-        if proposal.extra_mask is not None:  # [E, 1 + N + E]: drop the columns of the cut nodes
-            columns = [0] + [1 + i for i in keep] + list(range(1 + n, proposal.extra_mask.shape[1]))
-            proposal.extra_mask = proposal.extra_mask[:, columns]
+        proposal.keep(keep)  # parents come first: ancestors are kept too
     extras = len(proposal.extra_tokens or ())
     if len(proposal.tokens) + extras > room:
         if extras:
@@ -146,7 +157,8 @@ def _fit(proposal: Proposal, max_draft: int, room: int, supports_tree: bool) -> 
     return proposal
 
 
-def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, hidden: bool = False) -> Verdict:
+def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, hidden: bool = False,
+                      allowed: torch.Tensor | None = None) -> Verdict:
     cache_len = len(state.tokens) - 1
     root = state.tokens[-1]
     n = len(proposal.tokens)
@@ -170,6 +182,8 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, 
         torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), mask, return_hidden=hidden
     )
     logits = out.logits[: 1 + n]  # [1+N, V]
+    if allowed is not None:  # structured output: verify against the grammar's share of the distribution
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if state.sampling.greedy:
         verdict = verify_greedy(proposal.tokens, parents, logits)
     else:
@@ -211,9 +225,7 @@ def _cut(
     if len(new_tokens) >= room:
         new_tokens, reason = new_tokens[:room], reason or "context"
     if config.stop:
-        output = state.tokens[state.prompt_len :]
-        if any(s in text_of(output + new_tokens) for s in config.stop):
-            for m in range(1, len(new_tokens) + 1):  # the shortest cut that completes a stop string
-                if any(s in text_of(output + new_tokens[:m]) for s in config.stop):
-                    return new_tokens[:m], "stop"
+        cut = stop_cut(text_of, config.stop, state.tokens[state.prompt_len :], new_tokens)
+        if cut is not None:
+            return new_tokens[:cut], "stop"
     return new_tokens, reason

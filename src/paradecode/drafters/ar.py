@@ -8,5 +8,7 @@ from paradecode.registry import register
 
 @register("ar")
 class AutoregressiveDrafter(Drafter):
+    drafts = False  # the plain reference: one target token per forward, grammar-forced tokens included
+
     def propose(self, state: DecodeState) -> Proposal:
         return Proposal()

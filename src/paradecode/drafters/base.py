@@ -71,9 +71,27 @@ class Proposal:
     info: dict | None = None  # recorded in the step's trace
 
     @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+    @property
     def node_parents(self) -> list[int]:
         """Each node's parent index (-1 = root), a chain's included."""
         return list(range(-1, len(self.tokens) - 1)) if self.parents is None else self.parents
+
+    def keep(self, nodes: list[int]) -> None:
+        """Keep only ``nodes`` (ascending, each with its ancestors): their tokens, parents (re-indexed), q rows
+        and the columns of the extra inputs' mask."""
+        n = len(self.tokens)
+        if self.parents is not None:
+            where = {old: new for new, old in enumerate(nodes)}
+            self.parents = [where.get(self.parents[i], -1) for i in nodes]
+        self.tokens = [self.tokens[i] for i in nodes]
+        if self.draft_probs is not None:
+            self.draft_probs = self.draft_probs[nodes]
+        if self.extra_mask is not None:  # [E, 1 + N + E]: drop the columns of the dropped nodes
+            columns = [0] + [1 + i for i in nodes] + list(range(1 + n, self.extra_mask.shape[1]))
+            self.extra_mask = self.extra_mask[:, columns]
 
 
 class Drafter:
@@ -91,6 +109,7 @@ class Drafter:
     observe_optional: ClassVar[bool] = False
     draft_forward_passes: int = 0  # forward passes of the drafter's own model (a draft model, a head, layer skip)
     renamed_options: ClassVar[dict[str, str]] = {}  # old option name -> new one, still accepted (with a warning)
+    drafts: ClassVar[bool] = True  # False: never proposes (ar), and gets no grammar-forced drafts either
 
     def __init__(self, options: Any = None, context: DrafterContext | None = None) -> None:
         self.options = options

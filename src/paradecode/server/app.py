@@ -23,10 +23,10 @@ from starlette.exceptions import HTTPException
 
 from paradecode.errors import ParadecodeError
 from paradecode.server import protocol as p
-from paradecode.server.inputs import (RequestError, ServerDefaults, chat_messages, decoding_method, prompt_encoder,
-                                      read_json, sampling_arguments)
+from paradecode.server.inputs import (RequestError, ServerDefaults, chat_messages, choice_arguments, decoding_method,
+                                      prompt_encoder, read_json, sampling_arguments, structured_arguments)
 from paradecode.server.metrics import CountRequests, Metrics
-from paradecode.server.render import ChatRender, CompletionRender, Render, sse, usage
+from paradecode.server.render import ChatRender, Choice, CompletionRender, Render, sse, usage
 from paradecode.server.worker import FINISH_REASONS, Busy, Disconnected, Job, Worker
 
 
@@ -115,9 +115,10 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
         if unsupported:
             raise RequestError(400, unsupported[1], param=unsupported[0])
         method, options = decoding_method(body.paradecode, defaults)
-        kwargs = sampling_arguments(body, defaults)
+        kwargs = {**sampling_arguments(body, defaults), **structured_arguments(body)}
+        choices = choice_arguments(body, kwargs, defaults)
 
-        def start():  # in the worker thread
+        def start():  # in the worker thread: one stream per choice
             try:
                 prompt_ids = encode()
             except ParadecodeError:
@@ -129,14 +130,14 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
                 raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens but the model's context holds "
                                         f"{model.backend.max_length}: shorten it.", code="context_length_exceeded",
                                    param=render_type.prompt_field)
-            return model.stream(prompt_ids, method=method, options=options, **kwargs)
+            return [model.stream(prompt_ids, method=method, options=options, **choice) for choice in choices]
 
         job = Job(start, method, asyncio.get_running_loop())
         try:
             app.state.worker.submit(job)
         except Busy as error:
             raise RequestError(503, str(error), kind="server_error") from None
-        render = render_type(defaults.model_name)
+        render = render_type(defaults.model_name, logprobs=kwargs["logprobs"], decode=model.decode)
         try:
             first = await job.next_event(request.is_disconnected)
         except Disconnected:
@@ -148,40 +149,46 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
             raise first.error
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_events(request, job, render, include_usage),
+            return StreamingResponse(stream_events(request, job, render, len(choices), include_usage),
                                      media_type="text/event-stream")
+        results = []
         try:
-            texts = []
-            while (event := await job.next_event(request.is_disconnected)).kind == "delta":
-                texts.append(event.text)
+            while len(results) < len(choices):  # the chunks put together are each choice's result
+                event = await job.next_event(request.is_disconnected)
+                if event.kind == "error":
+                    raise event.error
+                if event.kind == "done":
+                    results.append(event.result)
         except Disconnected:
             return Response(status_code=499)
         finally:
             job.cancel()  # no-op once done; stops the generation if this handler is interrupted
-        if event.kind == "error":
-            raise event.error
-        result = event.result
-        return JSONResponse(render.response("".join(texts), FINISH_REASONS.get(result.stats.stop_reason, "stop"),
-                                            usage(result), decoding_stats(result, job)).model_dump())
+        answers = [Choice(r.text, finish_reason(r), r.token_ids, r.logprobs) for r in results]
+        return JSONResponse(render.response(answers, usage(results), decoding_stats(results, job)).model_dump())
 
     return app
 
 
-async def stream_events(request: Request, job: Job, render: Render, include_usage: bool):
-    """Server-sent events of one generation; leaving early (the client went away) cancels the job."""
+async def stream_events(request: Request, job: Job, render: Render, n: int, include_usage: bool):
+    """Server-sent events of one request's ``n`` choices; leaving early (the client went away) cancels the job."""
     try:
-        for chunk in render.opening():
+        for chunk in render.opening(n):
             yield sse(chunk)
-        while (event := await job.next_event(request.is_disconnected)).kind == "delta":
-            yield sse(render.chunk(event.text))
-        if event.kind == "done":
-            result = event.result
-            yield sse(render.chunk(None, FINISH_REASONS.get(result.stats.stop_reason, "stop"),
-                                   decoding_stats(result, job)))
-            if include_usage:
-                yield sse(render.usage_chunk(usage(result)))
+        results = []
+        while len(results) < n:
+            event = await job.next_event(request.is_disconnected)
+            if event.kind == "delta":
+                yield sse(render.chunk(event.index, event.chunk))
+            elif event.kind == "done":
+                results.append(event.result)
+                yield sse(render.chunk(event.index, None, finish_reason(event.result),
+                                       decoding_stats([event.result], job)))
+            else:
+                yield sse(error_body(event.error))
+                break
         else:
-            yield sse(error_body(event.error))
+            if include_usage:
+                yield sse(render.usage_chunk(usage(results)))
         yield sse("[DONE]")
     except Disconnected:
         return
@@ -189,7 +196,14 @@ async def stream_events(request: Request, job: Job, render: Render, include_usag
         job.cancel()
 
 
-def decoding_stats(result, job: Job) -> dict:
-    return {**result.stats.to_dict(with_steps=False), **job.timings()}
+def finish_reason(result) -> str:
+    return FINISH_REASONS.get(result.stats.stop_reason, "stop")
+
+
+def decoding_stats(results: list, job: Job) -> dict:
+    """The decoding stats of one choice, or with several, each choice's under ``choices``; and the job's timings."""
+    if len(results) == 1:
+        return {**results[0].stats.to_dict(with_steps=False), **job.timings()}
+    return {"choices": [r.stats.to_dict(with_steps=False) for r in results], **job.timings()}
 
 

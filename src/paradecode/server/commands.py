@@ -44,6 +44,9 @@ def add_commands(commands) -> None:
                        help="largest request body accepted; larger ones get 413 (default: 1000000)")
     serve.add_argument("--max-waiting", type=int, default=256,
                        help="requests that may wait for the model; more get 503 (default: 256)")
+    serve.add_argument("--max-n", type=int, default=8,
+                       help="most choices (n) one request may ask for; choice i samples with seed + i when the "
+                            "request has a seed (default: 8)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                        help="uvicorn's log level (default: info, one access line per request)")
     serve.set_defaults(run=run_serve)
@@ -81,14 +84,14 @@ def server_defaults(args: argparse.Namespace):
 
     if not 0 <= args.port <= 65535:
         raise ParadecodeError(f"--port must be in 0..65535, got {args.port}.")
-    if args.max_body_bytes < 1 or args.max_waiting < 1:
-        raise ParadecodeError("--max-body-bytes and --max-waiting must be positive.")
+    if args.max_body_bytes < 1 or args.max_waiting < 1 or args.max_n < 1:
+        raise ParadecodeError("--max-body-bytes, --max-waiting and --max-n must be positive.")
     options = parse_options(args.opt)
     defaults = ServerDefaults(
         model_name=args.served_model_name or args.model, method=args.method, options=options,
         draft_model=args.draft_model or options.get("draft_model"), max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
-        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting)
+        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting, max_n=args.max_n)
     method, options = decoding_method(None, defaults)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=defaults.stop,
                               sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))

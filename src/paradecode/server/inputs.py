@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 from starlette.requests import ClientDisconnect, Request
 
 from paradecode.config import GenerationConfig, SamplingConfig
+from paradecode.constraints import grammar_source
 from paradecode.errors import ParadecodeError
 from paradecode.registry import resolve_method
 from paradecode.server import protocol as p
@@ -35,6 +36,7 @@ class ServerDefaults:
     stop: tuple[str, ...] = ()
     max_body_bytes: int = 1_000_000
     max_waiting: int = 256  # queued requests beyond this are refused with 503
+    max_n: int = 8  # most choices one request may ask for
 
 
 class RequestError(ParadecodeError):
@@ -122,10 +124,57 @@ def sampling_arguments(body: p.GenerationRequest, defaults: ServerDefaults) -> d
     max_tokens = given(getattr(body, "max_completion_tokens", None), given(body.max_tokens, defaults.max_new_tokens))
     if max_tokens < 1:
         raise RequestError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+    try:
+        logprobs, top_logprobs = body.logprob_arguments()
+    except ValueError as error:
+        raise RequestError(400, f"{error}.", param="top_logprobs") from None
     kwargs = dict(max_new_tokens=max_tokens, temperature=given(body.temperature, defaults.temperature),
                   top_k=given(body.top_k, defaults.top_k), top_p=given(body.top_p, defaults.top_p),
                   seed=given(body.seed, defaults.seed),
-                  stop=tuple(body.stop_strings()) if body.stop is not None else defaults.stop)
+                  stop=tuple(body.stop_strings()) if body.stop is not None else defaults.stop,
+                  logprobs=logprobs, top_logprobs=top_logprobs)
     GenerationConfig(max_new_tokens=max_tokens, stop=kwargs["stop"], sampling=SamplingConfig(
         kwargs["temperature"], kwargs["top_k"], kwargs["top_p"], kwargs["seed"]))
     return kwargs
+
+
+def structured_arguments(body: p.GenerationRequest) -> dict:
+    """``Model.stream``'s structured-output argument from ``response_format`` (``json_object``: any JSON object;
+    ``json_schema``: its ``json_schema.schema``) or the extension's ``regex`` / ``grammar``, checked."""
+    given: dict[str, Any] = {}
+    response_format = getattr(body, "response_format", None)
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind == "json_object":
+            given["json_schema"] = {"type": "object"}
+        elif kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise RequestError(400, "response_format of type json_schema needs a JSON schema object in "
+                                        "json_schema.schema.", param="response_format.json_schema.schema")
+            given["json_schema"] = schema
+        elif kind != "text":
+            raise RequestError(400, f"response_format.type must be text, json_object or json_schema, got {kind!r}.",
+                               param="response_format.type")
+    if body.paradecode is not None:
+        given.update({name: value for name, value in (("regex", body.paradecode.regex),
+                                                      ("grammar", body.paradecode.grammar)) if value is not None})
+    try:
+        grammar_source(**given)
+    except ParadecodeError as error:
+        raise RequestError(400, str(error), param="response_format" if "json_schema" in given else "paradecode")
+    return given
+
+
+def choice_arguments(body: p.GenerationRequest, kwargs: dict, defaults: ServerDefaults) -> list[dict]:
+    """``Model.stream`` arguments of each of the request's ``n`` choices: choice i samples with seed + i when the
+    request (or the server) has a seed, so choice 0 is the answer of the same request with n = 1; without a seed
+    each choice draws its own."""
+    n = body.n or 1
+    if n > defaults.max_n:
+        raise RequestError(400, f"n must be at most {defaults.max_n} on this server (its --max-n), got {n}.",
+                           param="n")
+    seed = kwargs["seed"]
+    seeds = [None if seed is None else seed + i - (2**64 if seed + i >= 2**64 else 0) for i in range(n)]
+    return [dict(kwargs, seed=s) for s in seeds]

@@ -1,10 +1,10 @@
 """OpenAI's request and response schema as pydantic models (the subset paradecode serves), plus its extension.
 
 Requests mirror ``/v1/chat/completions`` and ``/v1/completions``; unknown fields are ignored, as OpenAI-style
-servers do, but known fields the server cannot honour (``n`` > 1, ``logprobs``, penalties, tools, ...) are
-refused by ``unsupported()`` with a message. The extension is one optional object::
+servers do, but known fields the server cannot honour (penalties, tools, ``best_of``, ``echo``, ...) are refused
+by ``unsupported()`` with a message that says what is supported. The extension is one optional object::
 
-    "paradecode": {"method": "pld", "options": {"num_draft": 4}}
+    "paradecode": {"method": "pld", "options": {"num_draft": 4}, "regex": "[0-9]+"}
 
 and every response carries the request's decoding stats under the same key (``DecodeStats.to_dict``).
 """
@@ -16,28 +16,30 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 # Fields we accept only at their "off" values: (field, the off values, what to say).
+_SUPPORTED = ("supported: n, logprobs, top_logprobs, stop, seed, temperature, top_p, top_k, max_tokens, stream, "
+              "response_format (text, json_object, json_schema) and the paradecode extension")
 _UNSUPPORTED = (
-    ("n", (None, 1), "n must be 1: this server returns one choice per request"),
-    ("best_of", (None, 1), "best_of must be 1: this server returns one choice per request"),
-    ("logprobs", (None, False, 0), "logprobs are not supported"),
-    ("top_logprobs", (None, 0), "top_logprobs are not supported"),
+    ("best_of", (None, 1), "best_of must be 1 (use n for several choices)"),
     ("echo", (None, False), "echo is not supported"),
     ("suffix", (None, ""), "suffix (insertion) is not supported"),
     ("presence_penalty", (None, 0, 0.0), "presence_penalty is not supported (it would change the distribution)"),
     ("frequency_penalty", (None, 0, 0.0), "frequency_penalty is not supported (it would change the distribution)"),
     ("logit_bias", (None, {}), "logit_bias is not supported"),
-    ("tools", (None, []), "tools are not supported"),
-    ("functions", (None, []), "functions are not supported"),
-    ("response_format", (None, {"type": "text"}), "response_format other than text is not supported"),
+    ("tools", (None, []), "tools are not supported (the models served have no tool-calling template)"),
+    ("functions", (None, []), "functions are not supported (the models served have no tool-calling template)"),
 )
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; completions' logprobs share it here (OpenAI: 5)
 
 
 class Extension(BaseModel):
-    """The ``paradecode`` request object: a decoding method and its options (see ``paradecode methods``)."""
+    """The ``paradecode`` request object: a decoding method and its options (see ``paradecode methods``), and
+    structured output beyond ``response_format``: a regular expression or a grammar (Lark or GBNF)."""
 
     model_config = ConfigDict(extra="forbid")
     method: Optional[str] = None  # None: the server's --method
     options: Optional[dict[str, Any]] = None  # None: the server's --opt when the method is the server's
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
 
 
 class StreamOptions(BaseModel):
@@ -59,10 +61,8 @@ class GenerationRequest(BaseModel):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     paradecode: Optional[Extension] = None
+    n: Optional[int] = Field(None, ge=1)  # at most the server's --max-n
     # Known to OpenAI, honoured only at their "off" values (see _UNSUPPORTED).
-    n: Optional[int] = None
-    logprobs: Optional[Union[bool, int]] = None
-    top_logprobs: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
@@ -71,8 +71,13 @@ class GenerationRequest(BaseModel):
         """(field, message) of the first field set to a value this server cannot honour, else None."""
         for name, allowed, message in _UNSUPPORTED:
             if name in type(self).model_fields and getattr(self, name) not in allowed:
-                return name, f"{message}; got {name}={getattr(self, name)!r}."
+                return name, f"{message}; got {name}={getattr(self, name)!r} ({_SUPPORTED})."
         return None
+
+    def logprob_arguments(self) -> tuple[bool, int]:
+        """(logprobs on, alternatives per token): chat's ``logprobs`` is a switch with ``top_logprobs`` beside it;
+        completions' ``logprobs`` is the number of alternatives. Raises ValueError with the problem."""
+        raise NotImplementedError
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -93,16 +98,28 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage]
     max_completion_tokens: Optional[int] = None  # OpenAI's newer name for max_tokens; wins when both are given
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Optional[list[dict[str, Any]]] = None
     functions: Optional[list[dict[str, Any]]] = None
     response_format: Optional[dict[str, Any]] = None
 
+    def logprob_arguments(self) -> tuple[bool, int]:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return bool(self.logprobs), self.top_logprobs or 0
+
 
 class CompletionRequest(GenerationRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Optional[int] = None
     echo: Optional[bool] = None
     suffix: Optional[str] = None
+    response_format: Optional[dict[str, Any]] = None  # not OpenAI's here; accepted as vLLM does
+
+    def logprob_arguments(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
 
 class Usage(BaseModel):
@@ -116,10 +133,32 @@ class ResponseMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[TokenLogprob]] = None
+    refusal: Optional[list[TokenLogprob]] = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: Optional[list[dict[str, float]]] = None
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ResponseMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str]
 
 
@@ -141,7 +180,7 @@ class DeltaMessage(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 
@@ -158,7 +197,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
 
 

@@ -1,10 +1,11 @@
 """One worker thread runs a model's generations, one at a time, first come first served.
 
 The event loop never decodes: a request becomes a ``Job`` whose ``start`` (run in the worker thread) encodes
-the prompt and returns ``Model.stream(...)``. The worker iterates it and hands each event (started, a text
-delta, done, error) to the job's asyncio queue with ``loop.call_soon_threadsafe``. A job whose client went away
-is cancelled: the worker skips it if it has not started, or stops it before its next delta and closes its
-generator, so the model is free for the next request.
+the prompt and returns one ``Model.stream(...)`` per choice (``n``). The worker runs the choices one after
+another (the seam where a batching scheduler would step them together) and hands each event (started, a chunk of
+a choice, a choice done, error) to the job's asyncio queue with ``loop.call_soon_threadsafe``. A job whose
+client went away is cancelled: the worker skips it if it has not started, or stops it before its next chunk and
+closes its generator, so the model is free for the next request.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ class Busy(Exception):
 
 @dataclass
 class Event:
-    kind: str  # "started" | "delta" | "done" | "error"
-    text: str = ""  # delta: the new text
-    result: Any = None  # done: the GenerationResult
+    kind: str  # "started" | "delta" | "done" (one choice ended) | "error"
+    index: int = 0  # delta, done: the choice
+    chunk: Any = None  # delta: the choice's next paradecode.api.Chunk (text, tokens, logprobs)
+    result: Any = None  # done: the choice's GenerationResult
     error: Optional[BaseException] = None  # error: what went wrong
 
 
@@ -45,7 +47,7 @@ class Job:
     """One generation request, shared by the handler (event loop) and the worker thread."""
 
     def __init__(self, start: Callable[[], Any], method: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.start = start  # runs in the worker: () -> TextStream; raises ParadecodeError for bad input
+        self.start = start  # runs in the worker: () -> [TextStream per choice]; raises ParadecodeError for bad input
         self.method = method
         self.loop = loop
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -135,7 +137,7 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         try:
-            stream = job.start()
+            streams = job.start()
         except Exception as error:
             if not isinstance(error, ParadecodeError):
                 log.exception("a request failed before decoding")
@@ -144,24 +146,31 @@ class Worker:
             return
         job.started_at = time.perf_counter()
         job.emit(Event("started"))
-        deltas = iter(stream)
+        for index, stream in enumerate(streams):  # one choice after another
+            if not self._run_choice(job, index, stream):
+                break
+
+    def _run_choice(self, job: Job, index: int, stream) -> bool:
+        """Stream one choice's chunks to the job; False when the job ended (cancelled or failed)."""
+        chunks = stream.chunks()
         reason = "cancelled"
         try:
-            for delta in deltas:
+            for chunk in chunks:
                 if job.cancelled.is_set():
                     break
                 if job.first_text_at is None:
                     job.first_text_at = time.perf_counter()
                     self.metrics.time_to_first_token.labels(job.method).observe(job.first_text_at - job.arrived)
-                job.emit(Event("delta", text=delta))
+                job.emit(Event("delta", index=index, chunk=chunk))
             else:
                 reason = FINISH_REASONS.get(stream.result.stats.stop_reason, "stop")
-                job.emit(Event("done", result=stream.result))
+                job.emit(Event("done", index=index, result=stream.result))
         except Exception as error:
             reason = "error"
             if not isinstance(error, ParadecodeError):
                 log.exception("a request failed while decoding")
             job.emit(Event("error", error=error))
         finally:
-            deltas.close()  # a cancelled generation stops here; the model is free for the next job
+            chunks.close()  # a cancelled generation stops here; the model is free for the next job
             self.metrics.finished(job.method, reason, stream.run.stats, time.perf_counter() - job.arrived)
+        return reason not in ("cancelled", "error")

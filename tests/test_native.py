@@ -264,3 +264,32 @@ def test_a_crash_in_the_build_check_is_a_warning_not_a_dead_process(monkeypatch,
         backend = int8_backend(1, "narrow")
     assert not backend.available_kernels() and "-native-" not in backend.kernels
     assert not list((tmp_path / "cache").rglob("checked")), "a failed check must not mark the build as good"
+
+
+def test_a_build_baton_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path):
+    """PyTorch's builder waits for its `lock` file to go away; a build killed mid-way leaves it behind, and the
+    next load (here: a fresh process, as the next command would be) must clear it, not wait forever."""
+    import os
+    import subprocess
+    import sys
+
+    from paradecode.models import cache_root
+
+    assert native.load() is not None, "the native int8 forward could not be built"
+    baton = cache_root() / "native" / native.build_key() / "lock"
+    baton.write_text("")
+    done = subprocess.run([sys.executable, "-c", "from paradecode.backends import native; "
+                           "print(native.load() is not None)"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+    assert not baton.exists()
+
+
+def test_a_build_that_never_ends_is_given_up_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "CHECK", "import time; time.sleep(60)")
+    monkeypatch.setattr(native, "BUILD_SECONDS", 1)
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv("PARADECODE_CACHE", str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match="took more than 1 s"):
+        backend = int8_backend(1, "narrow")
+    assert not backend.available_kernels() and "-native-" not in backend.kernels

@@ -14,6 +14,7 @@ which computes the same model (with float64 attention instead of per-row float32
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -30,6 +31,7 @@ HEADERS = ("lanes.h", "projection.h", "gemm.h", "attention.h")  # included by SO
 # -ffp-contract=off: no fused multiply-adds chosen by the compiler, so a loop's vectorized body and its scalar
 # tail round alike (the per-row exactness of the forward must not depend on where a row starts in memory).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
+BUILD_SECONDS = 900  # a build and check that takes longer than this (a compiler stuck on a busy machine) is given up
 _loaded: dict[str, ModuleType | None] = {}
 
 
@@ -116,24 +118,56 @@ def _build(key: str) -> ModuleType | None:
         except ImportError:
             pass
     build_dir = cache_root() / "native" / key
-    checked = build_dir / "checked"  # written once a child built this key and ran it without failing
-    if not checked.is_file():
-        print("paradecode: compiling the native int8 kernels for this CPU (once per machine, about a minute)...",
-              file=sys.stderr, flush=True)
-        build_dir.mkdir(parents=True, exist_ok=True)
-        child = subprocess.run([sys.executable, "-c", CHECK, key, str(build_dir), str(SOURCE),
-                                *(entry for entry in sys.path if entry)], capture_output=True, text=True)
-        if child.returncode != 0:
-            lines = child.stderr.strip().splitlines()
-            reason = (f"the check process died of signal {-child.returncode}" if child.returncode < 0
-                      else lines[-1] if lines else f"exit code {child.returncode}")
-            return _fallback(reason)
-        checked.write_text("ok\n")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock(build_dir):
+        checked = build_dir / "checked"  # written once a child built this key and ran it without failing
+        if not checked.is_file():
+            print("paradecode: compiling the native int8 kernels for this CPU (once per machine, about a minute)...",
+                  file=sys.stderr, flush=True)
+            try:
+                child = subprocess.run([sys.executable, "-c", CHECK, key, str(build_dir), str(SOURCE),
+                                        *(entry for entry in sys.path if entry)], capture_output=True, text=True,
+                                       timeout=BUILD_SECONDS)
+            except subprocess.TimeoutExpired:
+                _clear_baton(build_dir)  # the killed child's compiler may have left it
+                return _fallback(f"building and checking them took more than {BUILD_SECONDS} s")
+            if child.returncode != 0:
+                lines = child.stderr.strip().splitlines()
+                reason = (f"the check process died of signal {-child.returncode}" if child.returncode < 0
+                          else lines[-1] if lines else f"exit code {child.returncode}")
+                return _fallback(reason)
+            checked.write_text("ok\n")
+        try:
+            return _compile(key, build_dir, SOURCE)
+        except Exception as error:  # e.g. the cache was emptied between the check and this load
+            message = str(error).strip().splitlines()
+            return _fallback(message[-1] if message else repr(error))
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """One paradecode process at a time builds or loads ``build_dir``: an exclusive ``flock`` on a file there,
+    which the kernel releases when its holder exits however it ends. Holding it, any ``lock`` file PyTorch's
+    builder left behind is stale (its builder was killed mid-build), and would make the next build wait for its
+    removal forever, so it is removed first."""
     try:
-        return _compile(key, build_dir, SOURCE)
-    except Exception as error:  # e.g. the cache was emptied between the check and this load
-        message = str(error).strip().splitlines()
-        return _fallback(message[-1] if message else repr(error))
+        import fcntl
+    except ImportError:  # not POSIX: no lock, and PyTorch's own stays in charge
+        yield
+        return
+    with open(build_dir / "build.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            _clear_baton(build_dir)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clear_baton(build_dir: Path) -> None:
+    """Remove PyTorch's build baton (``build_dir/lock``), which its builder deletes when it finishes."""
+    with contextlib.suppress(FileNotFoundError):
+        (build_dir / "lock").unlink()
 
 
 def _fallback(reason: str) -> None:

@@ -120,12 +120,13 @@ def _build(key: str) -> ModuleType | None:
     build_dir = cache_root() / "native" / key
     build_dir.mkdir(parents=True, exist_ok=True)
     with _build_lock(build_dir):
+        source = _copy_sources(build_dir)
         checked = build_dir / "checked"  # written once a child built this key and ran it without failing
         if not checked.is_file():
             print("paradecode: compiling the native int8 kernels for this CPU (once per machine, about a minute)...",
                   file=sys.stderr, flush=True)
             try:
-                child = subprocess.run([sys.executable, "-c", CHECK, key, str(build_dir), str(SOURCE),
+                child = subprocess.run([sys.executable, "-c", CHECK, key, str(build_dir), str(source),
                                         *(entry for entry in sys.path if entry)], capture_output=True, text=True,
                                        timeout=BUILD_SECONDS)
             except subprocess.TimeoutExpired:
@@ -138,10 +139,24 @@ def _build(key: str) -> ModuleType | None:
                 return _fallback(reason)
             checked.write_text("ok\n")
         try:
-            return _compile(key, build_dir, SOURCE)
+            return _compile(key, build_dir, source)
         except Exception as error:  # e.g. the cache was emptied between the check and this load
             message = str(error).strip().splitlines()
             return _fallback(message[-1] if message else repr(error))
+
+
+def _copy_sources(build_dir: Path) -> Path:
+    """The source and its headers copied into the build folder, where they are compiled: the compiler's command
+    line is then the same whichever checkout or install the package runs from, so two checkouts of one source
+    share one build instead of rebuilding it for each other (ninja rebuilds when the command line changes)."""
+    folder = build_dir / "source"
+    folder.mkdir(exist_ok=True)
+    for path in (SOURCE, *(SOURCE.with_name(name) for name in HEADERS)):
+        if path.is_file():
+            copy = folder / path.name
+            if not copy.is_file() or copy.read_bytes() != path.read_bytes():
+                shutil.copyfile(path, copy)
+    return folder / SOURCE.name
 
 
 @contextlib.contextmanager

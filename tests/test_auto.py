@@ -6,6 +6,7 @@ that sleeps while drafting (so drafting cost decides).
 """
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -73,11 +74,25 @@ def test_auto_with_a_draft_model_tries_the_draft_methods_and_stays_lossless():
     assert stats.draft_forward_passes > 0
 
 
-def test_auto_samples_with_every_candidate():
+def test_auto_samples_with_the_candidates_that_keep_the_random_stream():
     backend = tiny_backend(3)
     out, stats = run(backend, "auto", PROMPTS[0], max_new_tokens=40, temperature=0.8, seed=5,
                      draft_backend=tiny_backend(4), candidates="ar,pld-tree,draft-tree")
     assert len(out) == 40 and sum(c["steps"] for c in stats.info["auto"]["candidates"].values()) == len(stats.steps)
+    assert stats.info["auto"]["skipped"] == {"draft-tree": "draws its drafts at random"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_under_sampling_gives_the_text_ar_gives_with_the_same_seed(seed):
+    """Whatever arms the timings pick, each emitted token is one draw from p in turn, as plain decoding draws."""
+    backend = tiny_backend(0, sharp=1.5)  # soft logits: many rejections
+    prompt = PROMPTS[seed % len(PROMPTS)]
+    expected, _ = run(backend, "ar", prompt, max_new_tokens=48, temperature=0.9, seed=seed)
+    for exploration in (0.0, 5.0):  # two quite different sequences of arms
+        got, stats = run(backend, "auto", prompt, max_new_tokens=48, temperature=0.9, seed=seed,
+                         exploration=exploration)
+        assert got == expected
+        assert len({s.info["auto"] for s in stats.steps}) > 1
 
 
 class SlowForward:
@@ -152,7 +167,8 @@ class _Tokenizer:
 def tiny_model(tmp_path, seed: int = 1):
     from paradecode.api import Model
 
-    return Model(tiny_backend(seed, sharp=4.0), _Tokenizer(), name="tiny", model_dir=tmp_path, chat=False)
+    return Model(tiny_backend(seed, sharp=4.0), _Tokenizer(), name="tiny", model_dir=tmp_path, chat=False,
+                 cache_dir=tmp_path / "cache")
 
 
 def kept_estimates(model) -> dict:
@@ -183,8 +199,8 @@ def test_auto_keeps_its_estimates_across_requests_of_one_model(tmp_path):
         assert after_second[name].n == pytest.approx(before.n * gamma ** len(steps) + own)
         assert after_second[name].steps == before.steps + report["candidates"][name]["steps"]
 
-    fresh = tiny_model(tmp_path)  # another loaded model starts cold
-    again = fresh.generate(PROMPTS[1], method="auto", max_new_tokens=30)
+    fresh = tiny_model(tmp_path)  # another loaded model: cold without the kept file
+    again = fresh.generate(PROMPTS[1], method="auto", max_new_tokens=30, options=dict(persist=False))
     assert again.token_ids == reference[1] and again.stats.info["auto"]["warm"] is False
     assert any(s.info["auto_reason"] == "warmup" for s in again.stats.steps)
 
@@ -195,7 +211,95 @@ def test_auto_keep_false_starts_every_request_cold(tmp_path):
         result = model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(keep=False))
         assert result.stats.info["auto"]["warm"] is False
     assert model.method_state == {}  # nothing stored
-    model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(candidates="ar,pld"))
+    model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(candidates="ar,pld", persist=False))
     other = model.generate(PROMPTS[0], method="auto", max_new_tokens=12)
     assert other.stats.info["auto"]["warm"] is False  # other options: a store of their own
     assert sorted(key[1].candidates for key in model.method_state) == ["", "ar,pld"]
+
+
+# -- estimates kept across processes, in the cache folder ---------------------------------------------------
+def kept_file(model):
+    (path,) = (model.cache_dir / "kept").glob("auto-*.json")
+    return path
+
+
+def test_a_fresh_process_starts_from_the_estimates_the_last_one_kept(tmp_path):
+    first = tiny_model(tmp_path)
+    cold = first.generate(PROMPTS[0], method="auto", max_new_tokens=30)
+    assert cold.stats.info["auto"]["warm"] is False and cold.stats.info["auto"]["warm_from"] is None
+    written = json.loads(kept_file(first).read_text())
+    estimates = kept_estimates(first)
+    assert written["identity"]["model"] == str(tmp_path.resolve()) and "machine" in written["identity"]
+    assert written["payload"]["estimates"] == {name: dataclasses.asdict(e) for name, e in estimates.items()}
+
+    later = tiny_model(tmp_path)  # a new Model, as a new process loads it: nothing in memory
+    warm = later.generate(PROMPTS[0], method="auto", max_new_tokens=30)
+    assert warm.token_ids == cold.token_ids  # lossless either way
+    report = warm.stats.info["auto"]
+    assert report["warm"] is True and report["warm_from"] == "cache"
+    assert all(s.info["auto_reason"] != "warmup" for s in warm.stats.steps)
+    assert set(kept_estimates(later)) == set(estimates)
+    shares = [c["step_share"] for c in report["candidates"].values()]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-3)
+    assert sum(c["token_share"] for c in report["candidates"].values()) == pytest.approx(1.0, abs=1e-3)
+    again = later.generate(PROMPTS[1], method="auto", max_new_tokens=30)
+    assert again.stats.info["auto"]["warm_from"] == "request"
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda kept: kept["identity"].update(machine="another CPU"), "measured with machine 'another CPU'"),
+    (lambda kept: kept["identity"].update(dtype="bf16"), "measured with dtype 'bf16'"),
+    (lambda kept: kept["payload"]["estimates"]["pld"].update(steps=-3), "estimate for 'pld' is not one"),
+    (lambda kept: kept["payload"]["estimates"]["ar"].pop("fastest"), "estimate for 'ar' is not one"),
+    (lambda kept: kept.update(version=99), "not a version-1 kept file"),
+    ("truncated", "not valid JSON"),
+])
+def test_a_kept_file_that_cannot_be_used_is_ignored_with_a_warning_and_replaced(tmp_path, damage, reason):
+    first = tiny_model(tmp_path)
+    reference = first.generate(PROMPTS[0], method="auto", max_new_tokens=20).token_ids
+    path = kept_file(first)
+    if damage == "truncated":
+        path.write_text(path.read_text()[:40])
+    else:
+        kept = json.loads(path.read_text())
+        damage(kept)
+        path.write_text(json.dumps(kept))
+    later = tiny_model(tmp_path)
+    with pytest.warns(UserWarning, match=reason):
+        result = later.generate(PROMPTS[0], method="auto", max_new_tokens=20)
+    assert result.token_ids == reference and result.stats.info["auto"]["warm"] is False
+    assert any(s.info["auto_reason"] == "warmup" for s in result.stats.steps)
+    assert json.loads(path.read_text())["identity"] == later.kept_file("auto").identity  # replaced, usable again
+    assert tiny_model(tmp_path).generate(PROMPTS[0], method="auto", max_new_tokens=20).stats.info["auto"]["warm"]
+
+
+def test_persist_false_or_keep_false_writes_nothing(tmp_path):
+    model = tiny_model(tmp_path)
+    model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(persist=False))
+    model.generate(PROMPTS[0], method="auto", max_new_tokens=12, options=dict(keep=False))
+    assert not (tmp_path / "cache" / "kept").exists()
+
+
+def test_an_unwritable_cache_costs_only_the_warm_start(tmp_path):
+    model = tiny_model(tmp_path)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kept").write_text("a file where the folder would go")
+    with pytest.warns(UserWarning, match="could not keep measurements"):
+        result = model.generate(PROMPTS[0], method="auto", max_new_tokens=12)
+    assert len(result.token_ids) == 12
+
+
+def test_auto_is_the_default_method_of_the_api_the_cli_and_the_server():
+    import inspect
+
+    from paradecode import arguments
+    from paradecode.api import Model
+    from paradecode.registry import DEFAULT_METHOD
+    from paradecode.server.inputs import ServerDefaults, decoding_method
+
+    assert DEFAULT_METHOD == "auto"
+    assert inspect.signature(Model._start).parameters["method"].default == "auto"
+    parser = __import__("argparse").ArgumentParser()
+    arguments.add_decoding_arguments(parser)
+    assert parser.parse_args([]).method == "auto"
+    assert decoding_method(None, ServerDefaults(model_name="m"))[0] == "auto"

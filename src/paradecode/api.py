@@ -23,7 +23,8 @@ from paradecode.errors import ParadecodeError
 from paradecode.logprobs import LogprobReader, TokenLogprob, TokenText
 from paradecode.models import DEFAULT_MODEL, default_dtype, resolve
 from paradecode.quality import calibration_ids
-from paradecode.registry import resolve_method
+from paradecode.kept import KeptFile
+from paradecode.registry import DEFAULT_METHOD, resolve_method
 from paradecode.stats import DecodeStats
 from paradecode.text import OutputText
 
@@ -141,6 +142,7 @@ class Model:
         self._grammars: GrammarCompiler | None = None
         # what drafters keep across requests on this model, per (method, options): see Drafter.kept_state
         self.method_state: dict[tuple[str, Any], dict] = {}
+        self._kept_files: dict[str, KeptFile] = {}
 
     @property
     def dtype(self) -> str:
@@ -211,6 +213,17 @@ class Model:
             self._draft_backends[model] = draft.backend
         return self._draft_backends[model]
 
+    def kept_file(self, method: str) -> KeptFile:
+        """The cache file where ``method`` keeps what it learned of this model on this machine (see ``kept``)."""
+        if method not in self._kept_files:
+            from paradecode.models import cache_root
+            from paradecode.profile import machine_key
+
+            identity = dict(model=str(self.model_dir.resolve()), backend=type(self.backend).__name__,
+                            dtype=self.dtype, machine=machine_key())
+            self._kept_files[method] = KeptFile.in_cache(cache_root(self.cache_dir), method, identity)
+        return self._kept_files[method]
+
     # -- generation ------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
         """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments. The text is
@@ -233,7 +246,7 @@ class Model:
         self,
         prompt: str | Sequence[int],
         *,
-        method: str = "ar",
+        method: str = DEFAULT_METHOD,
         max_new_tokens: int = 256,
         temperature: float = 0.0,
         top_k: int = 0,

@@ -15,6 +15,7 @@ from typing import Callable
 
 from paradecode import utf8
 from paradecode.errors import ParadecodeError
+from paradecode.registry import DEFAULT_METHOD
 
 EXIT_USAGE = 2
 EXIT_NOT_LOSSLESS = 3  # generate --verify: the method's output differs from plain autoregressive decoding
@@ -119,7 +120,9 @@ def load_model(args: argparse.Namespace, dtype: str | None = None):
 def add_decoding_arguments(parser: argparse.ArgumentParser, temperature_help: str | None = None) -> None:
     """--method, --opt, --draft-model and the sampling flags. ``temperature_help`` replaces the default help of
     --temperature (and makes its default None, for a command that decides what no temperature means)."""
-    parser.add_argument("--method", default="ar", help="decoding method (see `paradecode methods`; default: ar)")
+    parser.add_argument("--method", default=DEFAULT_METHOD,
+                        help=f"decoding method (see `paradecode methods`; default: {DEFAULT_METHOD}, which picks the "
+                        "fastest lossless drafter as it decodes; ar: plain decoding)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
     if temperature_help is None:
         parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 samples")

@@ -129,6 +129,7 @@ def decode(
             break
 
     stats.stop_reason = stop_reason
+    drafter.end(state)
     stats.draft_forward_passes = drafter.draft_forward_passes
     stats.info.update(drafter.summary())
     if constraint is not None:

@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from paradecode.errors import ParadecodeError
 
+# The method a request gets when it names none (CLI, Python API, server): ``auto`` picks the fastest lossless
+# drafter as it decodes; ``ar`` is plain decoding.
+DEFAULT_METHOD = "auto"
+
 if TYPE_CHECKING:
     from paradecode.drafters.base import Drafter, DrafterContext
 

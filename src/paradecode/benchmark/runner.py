@@ -94,7 +94,8 @@ def plan_methods(names: Iterable[str], opts: Iterable[str], draft_model: str | N
     return specs
 
 
-DEFAULT_METHODS = ("ar", "pld", "hf", "hf-pld")  # quick: plain decoding, prompt lookup, and transformers' both
+DEFAULT_METHODS = ("ar", "auto", "pld", "hf", "hf-pld")  # plain decoding, the default method, prompt lookup, and
+# transformers' both
 
 
 def all_methods(draft_model: str | None) -> list[str]:

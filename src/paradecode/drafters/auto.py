@@ -21,22 +21,32 @@ that declares ``training_free = True``; methods that need a draft model join onl
 given. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a step sees its
 verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it declares
 ``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
-Output is exact whatever the choice: every arm is a lossless method verified by the engine.
+Output is exact whatever the choice: every arm is a lossless method verified by the engine. Under sampling
+only the arms whose drafts draw nothing from the random stream run (not ``layerskip`` or a draft model's
+sampled chains): each emitted token is then one draw from the target's distribution in turn, the draws plain
+decoding makes, so a seed repeats the same text whatever arms the timings pick.
 
 Across requests: with ``keep`` (the default) the estimates live in the loaded model's drafter store
 (``Model.method_state``, one per set of auto options), so the next request on the same model starts from the
 last one's discounted estimates and skips the warm-up for every arm that already has ``warmup`` measured
-steps; ``summary()["auto"]["warm"]`` says whether a request started so. A fresh model starts cold.
+steps. Across processes: with ``persist`` (the default, with ``keep``) they are also written after every
+request to the model's kept file in the cache folder (``paradecode.kept``: one per model, checked against the
+backend, dtype and machine that measured them), and the first request of a fresh process on the same model
+and machine starts from them. ``summary()["auto"]`` says whether a request started warm and from where
+(``"request"``: an earlier request of this process, ``"cache"``: the kept file), and each arm's share of the
+steps and of the tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
+from paradecode.kept import KeptFile
 from paradecode.registry import get_method, method_names, register, resolve_drafter, takes_draft_model
 from paradecode.verify.base import Verdict
 
@@ -52,6 +62,7 @@ class AutoOptions:
     exploration: float = 0.25  # scale of the UCB bonus (0: always the best measured rate)
     decay: float = 0.98  # per-step discount of old measurements
     keep: bool = True  # keep the estimates for the next request on the same loaded model
+    persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
     def __post_init__(self) -> None:
         if self.warmup < 1:
@@ -131,12 +142,25 @@ class AutoDrafter(Drafter):
         return any(arm.drafter.wants_cost_curve() for arm in self.arms.values())
 
     def begin(self, state: DecodeState) -> None:
+        # Under sampling: the exact arms whose drafts take nothing from the random stream, so a seed gives the
+        # text plain decoding gives, whichever arms run (see Drafter.draws_from_rng).
         self.active = [name for name in self.arms if state.sampling.greedy or name in self.exact]
+        if not state.sampling.greedy:
+            self.active = [name for name in self.active if not self.arms[name].drafter.draws_from_rng]
         if not self.active:
-            raise ParadecodeError(f"auto: no candidate samples exactly; candidates were {', '.join(self.arms)}.")
+            raise ParadecodeError(f"auto: no candidate samples exactly without drawing its drafts from the random "
+                                  f"stream; candidates were {', '.join(self.arms)}: add ar (auto option candidates).")
         kept = self.kept_state(state) if self.options.keep else None
-        estimates = kept.setdefault("estimates", {}) if kept is not None else {}
+        self.kept_file = None
+        source = "request"
+        if kept is not None and self.options.persist and self.context is not None:
+            self.kept_file = self.context.kept_file(self.method_name)
+        if kept is not None and "estimates" not in kept:
+            kept["estimates"] = _read_estimates(self.kept_file)
+            source = "cache"
+        estimates = kept["estimates"] if kept is not None else {}
         self.warm = any(name in estimates and estimates[name].steps > 0 for name in self.active)
+        self.warm_from = source if self.warm else None
         for name, arm in self.arms.items():
             self.arms[name] = _Arm(arm.drafter, arm.needs_resync, estimates.setdefault(name, _Estimate()))
         for name in self.active:
@@ -179,6 +203,11 @@ class AutoDrafter(Drafter):
         estimate.discounted_tokens += tokens
         estimate.discounted_seconds += min(seconds, OUTLIER * estimate.fastest)
 
+    def end(self, state: DecodeState) -> None:
+        if self.kept_file is not None:
+            estimates = {name: arm.estimate for name, arm in self.arms.items() if arm.estimate.steps > 0}
+            self.kept_file.write({"estimates": {name: dataclasses.asdict(e) for name, e in estimates.items()}})
+
     def _choose(self) -> tuple[str, str]:
         for name in self.active:
             if self.arms[name].estimate.steps < self.options.warmup:
@@ -197,19 +226,44 @@ class AutoDrafter(Drafter):
 
     def summary(self) -> dict:
         candidates = {}
+        all_steps = sum(self.arms[name].steps for name in self.active)
+        all_tokens = sum(self.arms[name].tokens for name in self.active)
         for name in self.active:
             arm = self.arms[name]
             candidates[name] = dict(steps=arm.steps, tokens=arm.tokens, time_s=round(arm.seconds, 6),
                                     tokens_per_s=round(arm.tokens / arm.seconds, 3) if arm.seconds > 0 else 0.0,
-                                    estimate=round(arm.rate, 3))  # the bandit's discounted, clipped rate
+                                    estimate=round(arm.rate, 3),  # the bandit's discounted, clipped rate
+                                    step_share=round(arm.steps / all_steps, 4) if all_steps else 0.0,
+                                    token_share=round(arm.tokens / all_tokens, 4) if all_tokens else 0.0)
             notes = arm.drafter.summary()
             if notes:
                 candidates[name]["info"] = notes
         choice = max(self.active, key=lambda name: self.arms[name].rate)
         skipped = dict(self.skipped)
-        skipped.update({name: "cannot sample exactly" for name in self.arms if name not in self.active})
-        return {"auto": dict(choice=choice, switches=self.switches, warm=self.warm, candidates=candidates,
-                             skipped=skipped)}
+        skipped.update({name: "cannot sample exactly" if name not in self.exact else "draws its drafts at random"
+                        for name in self.arms if name not in self.active})
+        return {"auto": dict(choice=choice, switches=self.switches, warm=self.warm, warm_from=self.warm_from,
+                             candidates=candidates, skipped=skipped)}
+
+
+def _read_estimates(kept_file: KeptFile | None) -> dict[str, _Estimate]:
+    """The estimates a kept file holds (empty without one, or when it cannot be used: ``KeptFile.read`` warns)."""
+    payload = kept_file.read() if kept_file is not None else None
+    estimates: dict[str, _Estimate] = {}
+    fields = {f.name for f in dataclasses.fields(_Estimate)}
+    for name, values in ((payload or {}).get("estimates") or {}).items():
+        try:
+            if set(values) != fields:
+                raise ValueError(f"fields {sorted(values)}")
+            estimate = _Estimate(**{key: float(values[key]) for key in fields})
+            estimate.steps = int(values["steps"])
+            if min(estimate.n, estimate.discounted_tokens, estimate.discounted_seconds, estimate.steps) < 0:
+                raise ValueError("a negative count")
+        except (TypeError, ValueError) as error:
+            kept_file.ignore(f"its estimate for {name!r} is not one ({error})")
+            return {}
+        estimates[name] = estimate
+    return estimates
 
 
 def _candidate_names(options: AutoOptions) -> list[str]:

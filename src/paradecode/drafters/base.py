@@ -17,6 +17,7 @@ import torch
 
 from paradecode.backends.base import Backend
 from paradecode.config import SamplingConfig
+from paradecode.kept import KeptFile
 from paradecode.registry import build_options, resolve_drafter  # noqa: F401  (build_options: re-exported)
 from paradecode.verify.base import Verdict
 from paradecode.verify.sampling import draw_draft_token
@@ -31,6 +32,10 @@ class DrafterContext(Protocol):
 
     def load_draft_backend(self, model: str) -> Backend:
         """The backend of a draft model sharing the target's tokenizer, loaded once per model."""
+
+    def kept_file(self, method: str) -> KeptFile | None:
+        """Where ``method`` may keep what it learned of this model on this machine for later processes (``auto``
+        keeps its speed estimates there); None: nowhere."""
 
 
 @dataclass
@@ -110,6 +115,10 @@ class Drafter:
     draft_forward_passes: int = 0  # forward passes of the drafter's own model (a draft model, a head, layer skip)
     renamed_options: ClassVar[dict[str, str]] = {}  # old option name -> new one, still accepted (with a warning)
     drafts: ClassVar[bool] = True  # False: never proposes (ar), and gets no grammar-forced drafts either
+    # True: under sampling, drafting draws from the request's random stream (a draft model's sampled chain, a
+    # sampled tree). False: drafts are a function of the tokens, so each emitted token is one draw from p in
+    # turn (``verify/speculative.py``), the very draws plain decoding makes: a seed gives the same text as ``ar``.
+    draws_from_rng: ClassVar[bool] = False
 
     def __init__(self, options: Any = None, context: DrafterContext | None = None) -> None:
         self.options = options
@@ -138,6 +147,9 @@ class Drafter:
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         """Called after the engine committed ``verdict``; ``state.tokens`` already includes it."""
+
+    def end(self, state: DecodeState) -> None:
+        """Called once per request after its last step (not when the caller abandons the request midway)."""
 
     def summary(self) -> dict:
         """Method-level notes for ``DecodeStats.info``."""

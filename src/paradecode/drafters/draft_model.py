@@ -10,6 +10,7 @@ committed text: each step rolls back to the longest prefix it shares with ``stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -36,6 +37,7 @@ class DraftModelOptions:
 @register("draft")
 class DraftModelDrafter(ScheduledDrafter):
     Options = DraftModelOptions
+    draws_from_rng: ClassVar[bool] = True  # sampled drafts: each draws from the request's random stream
 
     def __init__(self, options: DraftModelOptions, context) -> None:
         super().__init__(options, context)

@@ -128,6 +128,7 @@ class HeadDrafter(ScheduledDrafter):
 
     kind: ClassVar[str] = ""
     needs_hidden: ClassVar[bool] = True
+    draws_from_rng: ClassVar[bool] = True  # sampled drafts: each draws from the request's random stream
 
     def __init__(self, options, context) -> None:
         super().__init__(options, context)

@@ -21,6 +21,7 @@ measured time, so a seeded *sampled* output is an exact sample but not bit-for-b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -76,6 +77,7 @@ def parse_layer_set(spec: str | int) -> frozenset[int]:
 @register("layerskip")
 class LayerSkipDrafter(ScheduledDrafter):
     Options = LayerSkipOptions
+    draws_from_rng: ClassVar[bool] = True  # sampled drafts: each draws from the request's random stream
 
     def begin(self, state: DecodeState) -> None:
         target = state.target

@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.constraints import grammar_source
 from paradecode.errors import ParadecodeError
-from paradecode.registry import resolve_method
+from paradecode.registry import DEFAULT_METHOD, resolve_method
 from paradecode.server import protocol as p
 
 
@@ -25,7 +25,7 @@ class ServerDefaults:
     """What a request gets for the fields it leaves out (the ``serve`` command's flags), and the server's limits."""
 
     model_name: str  # the id clients send as ``model`` (``/v1/models`` lists it)
-    method: str = "ar"
+    method: str = DEFAULT_METHOD
     options: Mapping[str, Any] = field(default_factory=dict)  # options of ``method``
     draft_model: Optional[str] = None  # the one draft model requests may use
     max_new_tokens: int = 256

@@ -192,7 +192,7 @@ def test_auto_keeps_its_estimates_across_requests_of_one_model(tmp_path):
     assert all(s.info["auto_reason"] != "warmup" for s in second.stats.steps)  # no warm-up again
     # The second request went on from the first's numbers: each arm's discounted step count is the first's,
     # decayed once per step of the second, plus the second's own steps of that arm, each decayed since.
-    gamma, steps = 0.98, [s.info["auto"] for s in second.stats.steps]
+    gamma, steps = auto_module.AutoOptions().decay, [s.info["auto"] for s in second.stats.steps]
     after_second = kept_estimates(model)
     for name, before in after_first.items():
         own = sum(gamma ** (len(steps) - 1 - i) for i, arm in enumerate(steps) if arm == name)

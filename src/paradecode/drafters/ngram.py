@@ -19,6 +19,7 @@ drafting stops at the schedule's length or when that chance falls below ``min_ac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options
@@ -106,6 +107,8 @@ class TagAcceptance:
 @register("ngram")
 class NgramDrafter(ScheduledDrafter):
     Options = NgramOptions
+    # the table catches up with state.tokens itself; observe only judges the tags of its own last proposal
+    observe_optional: ClassVar[bool] = True
 
     def begin(self, state: DecodeState) -> None:
         self.table = NgramTable(self.options.min_ngram, self.options.max_ngram)

@@ -8,6 +8,7 @@ many tokens to propose is the ``schedule`` option's call (``drafters.schedule``)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.ngram_index import NgramIndex
@@ -36,6 +37,8 @@ class PromptLookupOptions:
 @register("pld")
 class PromptLookupDrafter(ScheduledDrafter):
     Options = PromptLookupOptions
+    # the index catches up with state.tokens itself; observe only feeds the schedule its own steps' verdicts
+    observe_optional: ClassVar[bool] = True
 
     def begin(self, state: DecodeState) -> None:
         self.index = NgramIndex(self.options.min_ngram, self.options.max_ngram)

@@ -2,8 +2,8 @@
 
 ``auto`` measures each drafter's speed as it decodes; those numbers hold for one model on one machine, and a
 fresh process that starts from them skips its warm-up. A ``KeptFile`` is one JSON file in the model cache
-(``<cache>/kept/<method>-<hash of model, backend, dtype>.json``) with the identity its numbers depend on: the
-model folder, the backend, the dtype and the machine (CPU model, threads, torch). A file made for another identity, one that is
+(``<cache>/kept/<method>-<hash of the identity>.json``) with the identity its numbers depend on: the model
+folder, the backend, the dtype and the machine (CPU model, threads, torch), checked again when it is read. A file made for another identity, one that is
 truncated or not JSON, is ignored with a warning that says why, and replaced when the method next writes; a
 cache folder that cannot be written only costs the next process its warm start.
 """
@@ -29,10 +29,9 @@ class KeptFile:
 
     @classmethod
     def in_cache(cls, cache: Path, method: str, identity: dict[str, str]) -> "KeptFile":
-        """The file for ``method`` on the model, backend and dtype ``identity`` names, whatever the machine: a
-        home folder shared by two machines keeps the last one's numbers, and each checks them before use."""
-        named = json.dumps({key: value for key, value in sorted(identity.items()) if key != "machine"})
-        digest = hashlib.sha256(named.encode()).hexdigest()[:16]
+        """The file for ``method`` under this ``identity``: one per model, backend, dtype and machine (a home
+        folder shared by two machines, or runs with another thread count, keep a file each)."""
+        digest = hashlib.sha256(json.dumps(sorted(identity.items())).encode()).hexdigest()[:16]
         return cls(Path(cache) / "kept" / f"{method}-{digest}.json", dict(identity))
 
     def read(self) -> dict[str, Any] | None:

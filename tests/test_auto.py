@@ -269,8 +269,24 @@ def test_a_kept_file_that_cannot_be_used_is_ignored_with_a_warning_and_replaced(
         result = later.generate(PROMPTS[0], method="auto", max_new_tokens=20)
     assert result.token_ids == reference and result.stats.info["auto"]["warm"] is False
     assert any(s.info["auto_reason"] == "warmup" for s in result.stats.steps)
-    assert json.loads(path.read_text())["identity"] == later.kept_file("auto").identity  # replaced, usable again
+    identity = later.kept_file("auto", auto_module.AutoOptions()).identity
+    assert json.loads(path.read_text())["identity"] == identity  # replaced, usable again
     assert tiny_model(tmp_path).generate(PROMPTS[0], method="auto", max_new_tokens=20).stats.info["auto"]["warm"]
+
+
+def test_each_set_of_options_keeps_its_own_file(tmp_path):
+    """Two option sets of auto on one model, as a benchmark's variants run them: neither replaces the other's."""
+    model = tiny_model(tmp_path)
+    model.generate(PROMPTS[0], method="auto", max_new_tokens=20)
+    only_two = dict(candidates="ar,pld")
+    model.generate(PROMPTS[0], method="auto", max_new_tokens=20, options=only_two)
+    files = sorted((tmp_path / "cache" / "kept").glob("auto-*.json"))
+    arms = sorted(sorted(json.loads(path.read_text())["payload"]["estimates"]) for path in files)
+    assert len(files) == 2 and ["ar", "pld"] in arms and any(len(names) > 2 for names in arms)
+    later = tiny_model(tmp_path)
+    for options in ({}, only_two):
+        result = later.generate(PROMPTS[0], method="auto", max_new_tokens=20, options=options)
+        assert result.stats.info["auto"]["warm_from"] == "cache"
 
 
 def test_persist_false_or_keep_false_writes_nothing(tmp_path):

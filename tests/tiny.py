@@ -62,7 +62,7 @@ def run(backend, method: str, prompt: list[int], *, max_new_tokens: int = 24, eo
         temperature: float = 0.0, seed: int = 0, draft_backend=None, on_commit=None,
         **options) -> tuple[list[int], DecodeStats]:
     """Decode with a registered method straight through the engine; returns (output ids, stats)."""
-    context = SimpleNamespace(load_draft_backend=lambda name: draft_backend, kept_file=lambda method: None)
+    context = SimpleNamespace(load_draft_backend=lambda name: draft_backend, kept_file=lambda method, options: None)
     if draft_backend is not None:
         options.setdefault("draft_model", "tiny")
     drafter = get_method(method).create(options, context=context)

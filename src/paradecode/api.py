@@ -142,7 +142,7 @@ class Model:
         self._grammars: GrammarCompiler | None = None
         # what drafters keep across requests on this model, per (method, options): see Drafter.kept_state
         self.method_state: dict[tuple[str, Any], dict] = {}
-        self._kept_files: dict[str, KeptFile] = {}
+        self._kept_files: dict[tuple[str, Any], KeptFile] = {}
 
     @property
     def dtype(self) -> str:
@@ -213,16 +213,18 @@ class Model:
             self._draft_backends[model] = draft.backend
         return self._draft_backends[model]
 
-    def kept_file(self, method: str) -> KeptFile:
-        """The cache file where ``method`` keeps what it learned of this model on this machine (see ``kept``)."""
-        if method not in self._kept_files:
+    def kept_file(self, method: str, options: Any) -> KeptFile:
+        """The cache file where ``method`` with ``options`` keeps what it learned of this model on this machine
+        (see ``kept``)."""
+        key = (method, options)
+        if key not in self._kept_files:
             from paradecode.models import cache_root
             from paradecode.profile import machine_key
 
             identity = dict(model=str(self.model_dir.resolve()), backend=type(self.backend).__name__,
-                            dtype=self.dtype, machine=machine_key())
-            self._kept_files[method] = KeptFile.in_cache(cache_root(self.cache_dir), method, identity)
-        return self._kept_files[method]
+                            dtype=self.dtype, options=repr(options), machine=machine_key())
+            self._kept_files[key] = KeptFile.in_cache(cache_root(self.cache_dir), method, identity)
+        return self._kept_files[key]
 
     # -- generation ------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:

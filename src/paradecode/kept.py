@@ -3,9 +3,10 @@
 ``auto`` measures each drafter's speed as it decodes; those numbers hold for one model on one machine, and a
 fresh process that starts from them skips its warm-up. A ``KeptFile`` is one JSON file in the model cache
 (``<cache>/kept/<method>-<hash of the identity>.json``) with the identity its numbers depend on: the model
-folder, the backend, the dtype and the machine (CPU model, threads, torch), checked again when it is read. A file made for another identity, one that is
-truncated or not JSON, is ignored with a warning that says why, and replaced when the method next writes; a
-cache folder that cannot be written only costs the next process its warm start.
+folder, the backend, the dtype, the method's options and the machine (CPU model, threads, torch), checked again
+when it is read. A file made for another identity, one that is truncated or not JSON, is ignored with a warning
+that says why, and replaced when the method next writes; a cache folder that cannot be written only costs the
+next process its warm start.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class KeptFile:
 
     @classmethod
     def in_cache(cls, cache: Path, method: str, identity: dict[str, str]) -> "KeptFile":
-        """The file for ``method`` under this ``identity``: one per model, backend, dtype and machine (a home
-        folder shared by two machines, or runs with another thread count, keep a file each)."""
+        """The file for ``method`` under this ``identity``: one per model, backend, dtype, options and machine (a
+        home folder shared by two machines, or runs with another thread count, keep a file each)."""
         digest = hashlib.sha256(json.dumps(sorted(identity.items())).encode()).hexdigest()[:16]
         return cls(Path(cache) / "kept" / f"{method}-{digest}.json", dict(identity))
 

@@ -33,9 +33,9 @@ Across requests: with ``keep`` (the default) the estimates live in the loaded mo
 (``Model.method_state``, one per set of auto options), so the next request on the same model starts from the
 last one's discounted estimates and skips the warm-up for every arm that already has ``warmup`` measured
 steps. Across processes: with ``persist`` (the default, with ``keep``) they are also written after every
-request to the model's kept file in the cache folder (``paradecode.kept``: one per model, checked against the
-backend, dtype and machine that measured them), and the first request of a fresh process on the same model
-and machine starts from them. ``summary()["auto"]`` says whether a request started warm and from where
+request to a kept file in the cache folder (``paradecode.kept``: one per model, backend, dtype, set of auto
+options and machine, like the in-process store), and the first request of a fresh process with the same model,
+options and machine starts from them. ``summary()["auto"]`` says whether a request started warm and from where
 (``"request"``: an earlier request of this process, ``"cache"``: the kept file), and each arm's share of the
 steps and of the tokens.
 """
@@ -157,7 +157,7 @@ class AutoDrafter(Drafter):
         self.kept_file = None
         source = "request"
         if kept is not None and self.options.persist and self.context is not None:
-            self.kept_file = self.context.kept_file(self.method_name)
+            self.kept_file = self.context.kept_file(self.method_name, self.options)
         if kept is not None and "estimates" not in kept:
             kept["estimates"] = _read_estimates(self.kept_file)
             source = "cache"

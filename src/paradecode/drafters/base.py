@@ -33,9 +33,10 @@ class DrafterContext(Protocol):
     def load_draft_backend(self, model: str) -> Backend:
         """The backend of a draft model sharing the target's tokenizer, loaded once per model."""
 
-    def kept_file(self, method: str) -> KeptFile | None:
-        """Where ``method`` may keep what it learned of this model on this machine for later processes (``auto``
-        keeps its speed estimates there); None: nowhere."""
+    def kept_file(self, method: str, options: Any) -> KeptFile | None:
+        """Where ``method`` with these ``options`` may keep what it learned of this model on this machine for later
+        processes (one per method and options, as ``Drafter.kept_state``; ``auto`` keeps its speed estimates
+        there); None: nowhere."""
 
 
 @dataclass

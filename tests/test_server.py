@@ -185,6 +185,80 @@ def test_sixteen_concurrent_streams_are_complete_and_unmixed(url, reference):
         assert finish in ("stop", "length")
 
 
+def test_concurrent_requests_share_passes_and_each_equals_its_solo_run(chat_dir):
+    """Continuous batching on the native int8 forward: 8 concurrent requests (mixed methods, lengths, streaming
+    or not, seeded sampling with n=2) get exactly what each gets alone, and their passes were shared."""
+    model, reference = paradecode.load(chat_dir, dtype="int8"), paradecode.load(chat_dir, dtype="int8")
+    if model.batcher() is None:
+        pytest.skip("the native int8 forward could not be built here")
+    words = [f"w{i}" for i in range(5, 45)]
+    cases = [dict(method="pld", max_tokens=30), dict(method="ngram", max_tokens=20), dict(method="ar", max_tokens=25),
+             dict(method="pld-tree", max_tokens=18), dict(method="jacobi", max_tokens=22),
+             dict(method="ar", max_tokens=20, temperature=0.9, seed=5, n=2), dict(method="lookahead", max_tokens=16),
+             dict(method="auto", max_tokens=28)]
+    prompts = [" ".join(words[3 * i: 3 * i + 5] * 2) for i in range(len(cases))]
+    expected = []
+    for prompt, case in zip(prompts, cases):
+        seeds = [case["seed"] + i for i in range(case.get("n", 1))] if "seed" in case else [None]
+        expected.append([reference.generate(prompt, chat=False, method=case["method"], max_new_tokens=case["max_tokens"],
+                                            temperature=case.get("temperature", 0.0), seed=seed).text
+                         for seed in seeds])
+
+    async def one(async_client, i: int) -> list[str]:
+        case = dict(cases[i])
+        extra = {"paradecode": {"method": case.pop("method")}}
+        if i % 2:  # streamed
+            texts = [""] * case.get("n", 1)
+            stream = await async_client.completions.create(model="tiny", prompt=prompts[i], stream=True,
+                                                           extra_body=extra, **case)
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    texts[choice.index] += choice.text
+            return texts
+        answer = await async_client.completions.create(model="tiny", prompt=prompts[i], extra_body=extra, **case)
+        return [choice.text for choice in sorted(answer.choices, key=lambda c: c.index)]
+
+    async def load() -> list:
+        async_client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        return await asyncio.wait_for(asyncio.gather(*(one(async_client, i) for i in range(len(cases)))), 120)
+
+    with serving(model, method="pld", max_batch=16) as base:
+        assert asyncio.run(load()) == expected
+        shared = metric(base, "paradecode_batch_sequences_sum") / metric(base, "paradecode_batch_sequences_count")
+        assert shared > 1.5, "the requests' passes were not shared"
+        assert metric(base, "paradecode_cache_used_slots") == 0 and metric(base, "paradecode_cache_slots") > 0
+        assert metric(base, "paradecode_queue_wait_seconds_count") == len(cases)
+
+
+def test_a_client_leaving_a_batch_frees_its_cache_and_the_others_go_on(chat_dir):
+    model, reference = paradecode.load(chat_dir, dtype="int8"), paradecode.load(chat_dir, dtype="int8")
+    if model.batcher() is None:
+        pytest.skip("the native int8 forward could not be built here")
+    model.batcher()._stack = SlowBackend(model.batcher()._stack, pause_s=0.02)  # every shared pass takes >= 20 ms
+    expected = reference.generate(PROMPT, chat=False, method="ngram", max_new_tokens=60).text
+    with serving(model, method="ar", max_new_tokens=200) as base:
+        kept = []
+        other = threading.Thread(target=lambda: kept.append(client(base).completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=60, extra_body={"paradecode": {"method": "ngram"}})))
+        with httpx.stream("POST", f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT, stream=True),
+                          timeout=10) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            other.start()
+            deadline = time.monotonic() + 5
+            while metric(base, "paradecode_requests_running") < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert metric(base, "paradecode_cache_used_slots") > 0
+        left = time.monotonic()  # the streaming client left mid-batch: its room must be free within a few steps
+        while metric(base, "paradecode_requests_total", finish_reason="cancelled") < 1 and time.monotonic() - left < 3:
+            time.sleep(0.02)
+        assert metric(base, "paradecode_requests_total", finish_reason="cancelled") == 1
+        assert metric(base, "paradecode_generated_tokens_total") < 150  # it stopped long before its 200 tokens
+        other.join(30)
+        assert kept and kept[0].choices[0].text == expected
+        assert metric(base, "paradecode_cache_used_slots") == 0
+
+
 class SlowBackend:
     """The model's backend with a pause in every forward pass, so a generation lasts long enough to interrupt."""
 
@@ -266,6 +340,8 @@ CHAT_BODY = dict(model="tiny", messages=CHAT)
     ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
      400, "only text", "messages.0.content"),
     ("/v1/chat/completions", dict(model="tiny", messages=[]), 400, "messages is empty", "messages"),
+    ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "narrator", "content": "w3"}]), 400,
+     "unknown role 'narrator'", "messages.0.role"),
     ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "tool", "content": "w3"}]), 400, "no tool role",
      "messages"),
     ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": LONG}]), 400,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -29,6 +31,7 @@ from paradecode.stats import DecodeStats
 from paradecode.text import OutputText
 
 BACKENDS = ("auto", "llama", "hf")
+BATCH_CACHE_MB = 1024  # the shared cache of concurrent requests (Model.batcher), by default
 DTYPES = ("auto", *BACKEND_DTYPES)  # auto: int8 where its measured quality passes the bar (models.default_dtype)
 
 
@@ -143,6 +146,9 @@ class Model:
         # what drafters keep across requests on this model, per (method, options): see Drafter.kept_state
         self.method_state: dict[tuple[str, Any], dict] = {}
         self._kept_files: dict[tuple[str, Any], KeptFile] = {}
+        self._lock = threading.RLock()  # concurrent requests build the lazily loaded parts once
+        self._exclusive = threading.Lock()  # methods that draft on a shared backend take turns (Drafter.exclusive)
+        self._batcher = None
 
     @property
     def dtype(self) -> str:
@@ -152,6 +158,10 @@ class Model:
     def cost_curve(self) -> dict[int, float]:
         """Relative time of a forward over T = 1, 2, 4, 8, 16 new tokens on this backend and machine (T=1 -> 1),
         measured on first use (about a second) and kept in the cache per machine; the ``cost`` schedule uses it."""
+        with self._lock:
+            return self._measured_cost_curve()
+
+    def _measured_cost_curve(self) -> dict[int, float]:
         if self._cost_curve is None:
             from paradecode.models import cache_root
             from paradecode.profile import cached_curve, relative
@@ -203,6 +213,10 @@ class Model:
 
     def load_draft_backend(self, model: str):
         """Backend of a draft model with the same tokenizer (called by the ``draft`` method)."""
+        with self._lock:
+            return self._load_draft_backend(model)
+
+    def _load_draft_backend(self, model: str):
         if model not in self._draft_backends:
             draft = load(model, cache_dir=self.cache_dir, max_length=self.backend.max_length)
             if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
@@ -226,6 +240,47 @@ class Model:
             self._kept_files[key] = KeptFile.in_cache(cache_root(self.cache_dir), method, identity)
         return self._kept_files[key]
 
+    # -- many requests at once --------------------------------------------------------------------------
+    def batcher(self, cache_mb: int = BATCH_CACHE_MB, **limits):
+        """The shared cache and pass batcher of concurrent requests on this model (``backends.sequences``), made on
+        first use with ``cache_mb`` MiB of cache and ``limits`` (max_rows, prefill_chunk, max_wait_s); None where
+        the backend cannot batch (only the native int8 forward does: requests then run one after another)."""
+        with self._lock:
+            if self._batcher is None:
+                make = getattr(self.backend, "batcher", None)
+                self._batcher = (make(cache_mb << 20, **limits) if make is not None else None) or False
+            return self._batcher or None
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int] | dict], *, max_batch: int = 16,
+                       progress=None, **kwargs) -> list[GenerationResult]:
+        """Decode many prompts at once: up to ``max_batch`` run together, their passes packed into shared forwards
+        (``batcher``), each result exactly what ``generate`` gives it alone. A prompt may be a dict holding
+        ``prompt`` and its own arguments (method, seed, ...), which override ``kwargs``. ``progress(done, total)``
+        is called as results come in. Falls back to one after another where the backend cannot batch."""
+        if max_batch < 1:
+            raise ParadecodeError(f"max_batch must be at least 1, got {max_batch}.")
+        requests = [dict(kwargs, **p) if isinstance(p, dict) else dict(kwargs, prompt=p) for p in prompts]
+        for i, request in enumerate(requests):
+            if "prompt" not in request:
+                raise ParadecodeError(f"request {i} of the batch has no 'prompt'.")
+        batch = self.batcher()
+        done, lock = [0], threading.Lock()
+
+        def one(request: dict) -> GenerationResult:
+            request = dict(request)
+            result = self.generate(request.pop("prompt"), batch=batch, **request)
+            if progress is not None:
+                with lock:
+                    done[0] += 1
+                    progress(done[0], len(requests))
+            return result
+
+        if batch is None or max_batch == 1 or len(requests) == 1:
+            return [one(request) for request in requests]
+        with ThreadPoolExecutor(max_workers=min(max_batch, len(requests)),
+                                thread_name_prefix="paradecode-batch") as pool:
+            return list(pool.map(one, requests))
+
     # -- generation ------------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
         """Decode ``prompt`` (text, or token ids taken as they are); see ``stream`` for the arguments. The text is
@@ -241,7 +296,8 @@ class Model:
         seed, stop, chat, options, draft_model; ``logprobs`` (True: each token's log-probability, read from the
         target's logits, see ``paradecode.logprobs``) with ``top_logprobs`` (that many alternatives each); and
         structured output, one of ``json_schema`` (a dict or JSON text), ``regex``, ``grammar`` (Lark or GBNF):
-        the output follows it under every method (``paradecode.constraints``)."""
+        the output follows it under every method (``paradecode.constraints``). ``batch``: a ``batcher()`` to run
+        on a sequence of its shared cache, concurrently with other requests (waits for cache room first)."""
         return TextStream(self, self._start(prompt, **kwargs))
 
     def _start(
@@ -263,6 +319,7 @@ class Model:
         json_schema: dict | str | None = None,
         regex: str | None = None,
         grammar: str | None = None,
+        batch=None,
     ) -> "_Run":
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ParadecodeError(f"top_logprobs must be an integer >= 0, got {top_logprobs!r}.")
@@ -283,15 +340,27 @@ class Model:
         prompt_ids = self.encode(prompt, chat)
         stats = DecodeStats(method=method)
         reader = LogprobReader(self.token_text, top_logprobs) if logprobs or top_logprobs else None
-        constraint = None if source is None else Constraint(self.grammars.state(source))
-        steps = decode(self.backend, drafter, prompt_ids, config, eos_ids=self.eos_ids, text_of=self.decode,
+        with self._lock:
+            constraint = None if source is None else Constraint(self.grammars.state(source))
+        backend, release = self.backend, None
+        if batch is not None:
+            from paradecode.backends.sequences import DRAFT_ROOM
+
+            backend = release = batch.open(len(prompt_ids) + max_new_tokens + DRAFT_ROOM, wait=True)
+        steps = decode(backend, drafter, prompt_ids, config, eos_ids=self.eos_ids, text_of=self.decode,
                        stats=stats, cost_curve=cost_curve, method_state=self.method_state, on_commit=reader,
                        constraint=constraint)
-        return _Run(config, prompt_ids, stats, steps, reader)
+        if batch is not None and drafter.exclusive:
+            steps = _taking_turns(steps, self._exclusive)
+        return _Run(config, prompt_ids, stats, steps, reader, release)
 
     @property
     def grammars(self) -> GrammarCompiler:
         """Compiles structured-output grammars for this model's vocabulary (built on first use)."""
+        with self._lock:
+            return self._grammar_compiler()
+
+    def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.tokenizer, self.eos_ids, self.backend.vocab_size)
         return self._grammars
@@ -331,15 +400,26 @@ class TextStream:
         view = OutputText(self.model.decode, self.run.config.stop)
         entries = self.run.logprobs.entries if self.run.logprobs is not None else None
         sent = 0  # tokens handed out in chunks so far
-        for new_tokens in self.run.steps:
-            delta = view.extend(new_tokens)
-            if delta:
-                yield self._chunk(delta, view.tokens, entries, sent)
-                sent = len(view.tokens)
+        try:
+            for new_tokens in self.run.steps:
+                delta = view.extend(new_tokens)
+                if delta:
+                    yield self._chunk(delta, view.tokens, entries, sent)
+                    sent = len(view.tokens)
+        finally:  # ended, failed or closed early (a cancelled request): its cache is free for the next one
+            self.close()
         delta = view.finish()
         if delta or len(view.tokens) > sent:
             yield self._chunk(delta, view.tokens, entries, sent)
         self.result = GenerationResult(view.text, view.tokens, self.run.stats, self.run.prompt_ids, entries)
+
+    def close(self) -> None:
+        """Stop the generation and free what it holds (its sequence of a shared cache); safe to call twice."""
+        close = getattr(self.run.steps, "close", None)
+        if close is not None:
+            close()
+        if self.run.release is not None:
+            self.run.release.close()
 
     @staticmethod
     def _chunk(text: str, tokens: list[int], entries: list[TokenLogprob] | None, sent: int) -> Chunk:
@@ -353,6 +433,13 @@ class _Run:
     stats: DecodeStats
     steps: Iterator[list[int]]
     logprobs: LogprobReader | None = None
+    release: Any = None  # what to close when the run ends (its sequence of a shared cache)
+
+
+def _taking_turns(steps: Iterator[list[int]], lock: threading.Lock) -> Iterator[list[int]]:
+    """The steps of a request whose drafter shares a backend with every other request: one such at a time."""
+    with lock:
+        yield from steps
 
 
 def _eos_ids(tokenizer, model_dir: Path) -> frozenset[int]:

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,9 @@ from paradecode.backends.base import ForwardOutput
 from paradecode.backends.int8 import (FORMAT, PRECISE, PROJECTIONS, ChannelRecorder, Int8Linear, _clone, calibrate,
                                       expand_groups, grouped_smoothing, smoothing)
 from paradecode.backends.llama import LlamaBackend, LlamaShape, _Layer
+
+if TYPE_CHECKING:
+    from paradecode.backends.sequences import Batcher
 
 PAGE = 64  # cache slots per page of the native cache (a power of two, a multiple of 16)
 BUCKETS = {"one": 1, "verify": 8, "prefill": 64}  # pass sizes whose GEMM kernel is chosen, and the T timed for each
@@ -139,18 +142,42 @@ class Int8LlamaBackend(LlamaBackend):
         module = native.load()
         if module is None:
             return None
-        s = self.shape
         slots = -(-self.max_length // PAGE) * PAGE
-        # half floats: [L, Hkv, slots, hd] values, keys in 16-slot blocks
-        self._values = torch.zeros(s.num_layers, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
-        self._keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
+        stack, self._values, self._keys_t = self._native_stack(module, slots)
         self._pages = torch.arange(slots // PAGE, dtype=torch.int32)  # one sequence owns every page, in order
+        return stack
+
+    def _native_stack(self, module, slots: int):
+        """A native forward over these weights with a cache of ``slots`` slots (a multiple of PAGE) of its own:
+        (forward, values, keys). Half floats: [L, Hkv, slots, hd] values, keys in 16-slot blocks."""
+        s = self.shape
+        values = torch.zeros(s.num_layers, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
+        keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
         stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, self._embed, self._norm,
-                                   self._cos, self._sin, self._values, self._keys_t, PAGE)
+                                   self._cos, self._sin, values, keys_t, PAGE)
         for layer in self._layers:
             stack.add_layer(layer.attn_norm, layer.mlp_norm, *(getattr(layer, name).parts() for name in PROJECTIONS))
         stack.set_head(self._lm_head.parts())
-        return stack
+        return stack, values, keys_t
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of the native cache per token slot (keys and values of every layer, half floats)."""
+        s = self.shape
+        return s.num_layers * s.num_kv_heads * s.head_dim * 2 * 2
+
+    def batcher(self, cache_bytes: int, **limits) -> "Batcher | None":
+        """A multi-sequence cache of about ``cache_bytes`` over these weights and the batcher that packs several
+        sequences' passes into one native forward (``backends.sequences``); None without the native pass."""
+        if self._native is None:
+            return None
+        from paradecode.backends import native
+        from paradecode.backends.sequences import Batcher
+
+        slots = max(PAGE, cache_bytes // self.slot_bytes // PAGE * PAGE)
+        stack, values, keys_t = self._native_stack(native.load(), slots)
+        stack.set_kernels([self.kernel_choice[bucket] for bucket in BUCKETS])
+        return Batcher(self, stack, (values, keys_t), slots // PAGE, PAGE, **limits)
 
     @property
     def kernels(self) -> str:

@@ -274,6 +274,10 @@ class LlamaBackend:
             raise ValueError(f"{end} tokens do not fit the cache (max_length {self.max_length})")
         if mask is not None and mask.shape != (t, end):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
+        return self.layer_indices(exit_layer, layers)
+
+    def layer_indices(self, exit_layer: int | None, layers: Sequence[int] | None) -> list[int]:
+        """The layers a forward runs: all, the first ``exit_layer``, or ``layers`` (checked)."""
         if exit_layer is not None and not 0 <= exit_layer <= self.num_layers:
             raise ValueError(f"exit_layer must be in [0, {self.num_layers}], got {exit_layer}")
         if layers is None:

@@ -120,6 +120,9 @@ class Drafter:
     # sampled tree). False: drafts are a function of the tokens, so each emitted token is one draw from p in
     # turn (``verify/speculative.py``), the very draws plain decoding makes: a seed gives the same text as ``ar``.
     draws_from_rng: ClassVar[bool] = False
+    # True: drafts on a backend shared by every request on the model (a draft model's), so concurrent requests
+    # (``backends.sequences``) take turns running this method.
+    exclusive: ClassVar[bool] = False
 
     def __init__(self, options: Any = None, context: DrafterContext | None = None) -> None:
         self.options = options

@@ -38,6 +38,7 @@ class DraftModelOptions:
 class DraftModelDrafter(ScheduledDrafter):
     Options = DraftModelOptions
     draws_from_rng: ClassVar[bool] = True  # sampled drafts: each draws from the request's random stream
+    exclusive: ClassVar[bool] = True  # the draft model's backend (one cache) serves one request at a time
 
     def __init__(self, options: DraftModelOptions, context) -> None:
         super().__init__(options, context)

@@ -55,6 +55,7 @@ class DraftTreeDrafter(Drafter):
     Options = DraftTreeOptions
     observe_optional: ClassVar[bool] = True  # propose re-syncs the draft cache from state.tokens
     draws_from_rng: ClassVar[bool] = True  # sampled drafts: each draws from the request's random stream
+    exclusive: ClassVar[bool] = True  # the draft model's backend (one cache) serves one request at a time
 
     def __init__(self, options: DraftTreeOptions, context) -> None:
         super().__init__(options, context)

@@ -49,10 +49,14 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
     """The app for ``model`` (a loaded ``paradecode.Model``); its worker thread runs while the app is served."""
     metrics = Metrics()
     started = int(time.time())
+    # concurrent requests share forwards where the backend can batch (the native int8 forward) and it is asked for
+    batch = model.batcher(defaults.cache_mb, max_rows=defaults.max_batch_rows) if defaults.max_batch > 1 else None
+    if batch is not None:
+        batch.on_pass = metrics.observe_pass
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.worker = Worker(metrics, defaults.max_waiting)
+        app.state.worker = Worker(metrics, defaults.max_waiting, defaults.max_batch, batched=batch is not None)
         yield
         app.state.worker.close()
 
@@ -86,6 +90,8 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        if batch is not None:
+            metrics.observe_cache(batch.used_slots, batch.slots)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.get("/v1/models")
@@ -130,7 +136,15 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
                 raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens but the model's context holds "
                                         f"{model.backend.max_length}: shorten it.", code="context_length_exceeded",
                                    param=render_type.prompt_field)
-            return [model.stream(prompt_ids, method=method, options=options, **choice) for choice in choices]
+            streams = []
+            try:  # with a batcher each choice reserves its room in the shared cache (waiting for it if need be)
+                for choice in choices:
+                    streams.append(model.stream(prompt_ids, method=method, options=options, batch=batch, **choice))
+            except BaseException:
+                for stream in streams:
+                    stream.close()
+                raise
+            return streams
 
         job = Job(start, method, asyncio.get_running_loop())
         try:
@@ -151,14 +165,14 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(stream_events(request, job, render, len(choices), include_usage),
                                      media_type="text/event-stream")
-        results = []
+        results = [None] * len(choices)  # choices may end in any order when they run together
         try:
-            while len(results) < len(choices):  # the chunks put together are each choice's result
+            while None in results:  # the chunks put together are each choice's result
                 event = await job.next_event(request.is_disconnected)
                 if event.kind == "error":
                     raise event.error
                 if event.kind == "done":
-                    results.append(event.result)
+                    results[event.index] = event.result
         except Disconnected:
             return Response(status_code=499)
         finally:

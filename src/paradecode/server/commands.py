@@ -27,8 +27,9 @@ def add_commands(commands) -> None:
     serve = commands.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve one model over an OpenAI-compatible HTTP API: /v1/chat/completions and /v1/completions "
-                    "(streaming or not), /v1/models, /health and Prometheus /metrics. Requests are decoded one at "
-                    "a time in arrival order. The decoding flags below are what a request gets for the fields it "
+                    "(streaming or not), /v1/models, /health and Prometheus /metrics. Concurrent requests are "
+                    "batched continuously (--max-batch): each answer is exactly what it is alone. The decoding "
+                    "flags below are what a request gets for the fields it "
                     "leaves out; a request picks its own method with {\"paradecode\": {\"method\": ..., "
                     "\"options\": {...}}}; --draft-model is the only draft model requests may use. "
                     "Needs: pip install 'paradecode[serve]'.")
@@ -49,6 +50,16 @@ def add_commands(commands) -> None:
                             "request has a seed (default: 8)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                        help="uvicorn's log level (default: info, one access line per request)")
+    serve.add_argument("--max-batch", type=int, default=32,
+                       help="most requests (choices) decoding at once: each step packs their rows (a decode token, "
+                            "a draft to verify, a chunk of a new prompt) into one forward pass; each answer is "
+                            "exactly what it is alone. 1 decodes one request at a time. Backends other than the "
+                            "native int8 forward run one at a time (default: 32)")
+    serve.add_argument("--max-batch-rows", type=int, default=256,
+                       help="most rows (tokens) in one shared forward pass (default: 256)")
+    serve.add_argument("--cache-mb", type=int, default=1024,
+                       help="MiB of KV cache the running requests share; each reserves room for its prompt and "
+                            "max_tokens when it starts, and a request that does not fit waits (default: 1024)")
     serve.set_defaults(run=run_serve)
 
 
@@ -84,14 +95,16 @@ def server_defaults(args: argparse.Namespace):
 
     if not 0 <= args.port <= 65535:
         raise ParadecodeError(f"--port must be in 0..65535, got {args.port}.")
-    if args.max_body_bytes < 1 or args.max_waiting < 1 or args.max_n < 1:
-        raise ParadecodeError("--max-body-bytes, --max-waiting and --max-n must be positive.")
+    if min(args.max_body_bytes, args.max_waiting, args.max_n, args.max_batch, args.max_batch_rows, args.cache_mb) < 1:
+        raise ParadecodeError("--max-body-bytes, --max-waiting, --max-n, --max-batch, --max-batch-rows and "
+                              "--cache-mb must be positive.")
     options = parse_options(args.opt)
     defaults = ServerDefaults(
         model_name=args.served_model_name or args.model, method=args.method, options=options,
         draft_model=args.draft_model or options.get("draft_model"), max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
-        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting, max_n=args.max_n)
+        max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting, max_n=args.max_n,
+        max_batch=args.max_batch, max_batch_rows=args.max_batch_rows, cache_mb=args.cache_mb)
     method, options = decoding_method(None, defaults)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=defaults.stop,
                               sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed))

@@ -20,6 +20,9 @@ from paradecode.registry import DEFAULT_METHOD, resolve_method
 from paradecode.server import protocol as p
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # OpenAI's message roles
+
+
 @dataclass(frozen=True)
 class ServerDefaults:
     """What a request gets for the fields it leaves out (the ``serve`` command's flags), and the server's limits."""
@@ -37,6 +40,9 @@ class ServerDefaults:
     max_body_bytes: int = 1_000_000
     max_waiting: int = 256  # queued requests beyond this are refused with 503
     max_n: int = 8  # most choices one request may ask for
+    max_batch: int = 32  # most choices decoding at once, their passes packed into shared forwards (1: one at a time)
+    max_batch_rows: int = 256  # most rows (tokens) of one shared forward pass
+    cache_mb: int = 1024  # the cache the running requests share; a request that does not fit waits for room
 
 
 class RequestError(ParadecodeError):
@@ -74,6 +80,9 @@ def chat_messages(body: p.ChatCompletionRequest) -> list[dict]:
         raise RequestError(400, "messages is empty: send at least one message.", param="messages")
     messages = []
     for i, message in enumerate(body.messages):
+        if message.role not in ROLES:
+            raise RequestError(400, f"message {i}: unknown role {message.role!r}; a message's role is one of "
+                                    f"{', '.join(ROLES)}.", param=f"messages.{i}.role")
         content = message.content
         if isinstance(content, list):
             for part in content:

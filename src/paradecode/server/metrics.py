@@ -13,6 +13,7 @@ from paradecode.stats import DecodeStats
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 # Seconds: from a few ms (a cached tiny prompt) to minutes (a long answer on a busy CPU).
+_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # rows or requests per shared forward pass
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 
 
@@ -45,6 +46,26 @@ class Metrics:
         self.running = Gauge("paradecode_requests_running", "generations running now", registry=self.registry)
         self.waiting = Gauge("paradecode_requests_waiting", "generations waiting for the model",
                              registry=self.registry)
+        self.queue_wait = Histogram("paradecode_queue_wait_seconds", "seconds from a request's arrival to the start "
+                                    "of its decoding (waiting for a slot and for cache room)", buckets=_BUCKETS,
+                                    registry=self.registry)
+        self.batch_rows = Histogram("paradecode_batch_rows", "rows (tokens) of each shared forward pass",
+                                    buckets=_ROWS, registry=self.registry)
+        self.batch_sequences = Histogram("paradecode_batch_sequences", "requests sharing each forward pass",
+                                         buckets=_ROWS, registry=self.registry)
+        self.cache_used = Gauge("paradecode_cache_used_slots", "KV cache slots reserved by running requests",
+                                registry=self.registry)
+        self.cache_slots = Gauge("paradecode_cache_slots", "KV cache slots the running requests share",
+                                 registry=self.registry)
+
+    def observe_pass(self, rows: int, sequences: int) -> None:
+        """One shared forward pass ran (called by ``backends.sequences.Batcher``)."""
+        self.batch_rows.observe(rows)
+        self.batch_sequences.observe(sequences)
+
+    def observe_cache(self, used_slots: int, slots: int) -> None:
+        self.cache_used.set(used_slots)
+        self.cache_slots.set(slots)
 
     def finished(self, method: str, finish_reason: str, stats: DecodeStats | None, latency_s: float | None) -> None:
         """Record a generation that ended (``stats`` None: it never started decoding)."""

@@ -1,11 +1,14 @@
-"""One worker thread runs a model's generations, one at a time, first come first served.
+"""The worker runs a model's generations: many at once where the model can batch, first come first served.
 
-The event loop never decodes: a request becomes a ``Job`` whose ``start`` (run in the worker thread) encodes
-the prompt and returns one ``Model.stream(...)`` per choice (``n``). The worker runs the choices one after
-another (the seam where a batching scheduler would step them together) and hands each event (started, a chunk of
-a choice, a choice done, error) to the job's asyncio queue with ``loop.call_soon_threadsafe``. A job whose
-client went away is cancelled: the worker skips it if it has not started, or stops it before its next chunk and
-closes its generator, so the model is free for the next request.
+The event loop never decodes: a request becomes a ``Job`` whose ``start`` encodes the prompt and returns one
+``Model.stream(...)`` per choice (``n``). One dispatcher thread takes jobs in arrival order, starts each (with a
+batcher, ``start`` also reserves each choice's room in the shared cache, waiting for it when the cache is full)
+and runs every choice in a thread of its own, at most ``max_running`` at once; their forward passes are packed
+into shared ones by ``backends.sequences``, so each answer is exactly what it would be alone. Without a batcher
+(a backend that cannot batch) ``max_running`` is 1 and the choices run one after another, as before. Each event
+(started, a chunk of a choice, a choice done, error) goes to the job's asyncio queue with
+``loop.call_soon_threadsafe``. A job whose client went away is cancelled: the dispatcher skips it if it has not
+started, or each choice stops before its next chunk and closes its generator, which frees its cache at once.
 """
 
 from __future__ import annotations
@@ -88,15 +91,20 @@ class Job:
 
 
 class Worker:
-    """The thread that owns the model; ``submit`` queues a job, ``close`` stops after cancelling the current one."""
+    """The dispatcher thread and the choices' threads; ``submit`` queues a job, ``close`` stops after cancelling
+    the running ones."""
 
-    def __init__(self, metrics: Metrics, max_waiting: int) -> None:
+    def __init__(self, metrics: Metrics, max_waiting: int, max_running: int = 1, batched: bool = False) -> None:
         self.metrics = metrics
         self.max_waiting = max_waiting
+        self.max_running = max_running if batched else 1
+        self.batched = batched  # choices of one job run concurrently too
         self._jobs: queue.Queue[Optional[Job]] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
-        self._current: Optional[Job] = None
+        self._running: set[Job] = set()
+        self._choices = 0  # choices decoding now
+        self._slots = threading.Semaphore(self.max_running)
         self._thread = threading.Thread(target=self._serve, name="paradecode-worker", daemon=True)
         self._thread.start()
 
@@ -113,42 +121,91 @@ class Worker:
         return self._thread.is_alive()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        current = self._current
-        if current is not None:
-            current.cancel()
+        with self._lock:
+            running = list(self._running)
+        for job in running:
+            job.cancel()
         self._jobs.put(None)
         self._thread.join(timeout_s)
 
     def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            with self._lock:
-                self._waiting -= 1
-                self.metrics.waiting.set(self._waiting)
+        while True:
+            self._slots.acquire()  # a slot for the next job's first choice (its others take theirs in _run)
+            job = self._jobs.get()
+            if job is None:
+                return
             if job.cancelled.is_set():
+                self._slots.release()
+                self._left_queue()
                 self.metrics.finished(job.method, "cancelled", None, None)
                 continue
-            self._current = job
-            self.metrics.running.set(1)
             try:
-                self._run(job)
-            finally:
-                self._current = None
-                self.metrics.running.set(0)
+                streams = job.start()  # waits for cache room when the running requests fill it
+            except Exception as error:
+                self._slots.release()
+                self._left_queue()
+                if not isinstance(error, ParadecodeError):
+                    log.exception("a request failed before decoding")
+                self.metrics.finished(job.method, "error", None, None)
+                job.emit(Event("error", error=error))
+                continue
+            self._left_queue()
+            job.started_at = time.perf_counter()
+            self.metrics.queue_wait.observe(job.started_at - job.arrived)
+            job.emit(Event("started"))
+            with self._lock:
+                self._running.add(job)
+            self._update_running(len(streams) if self.batched else 1)
+            threading.Thread(target=self._run, args=(job, streams), name="paradecode-job", daemon=True).start()
 
-    def _run(self, job: Job) -> None:
-        try:
-            streams = job.start()
-        except Exception as error:
-            if not isinstance(error, ParadecodeError):
-                log.exception("a request failed before decoding")
-            self.metrics.finished(job.method, "error", None, None)
-            job.emit(Event("error", error=error))
+    def _left_queue(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+            self.metrics.waiting.set(self._waiting)
+
+    def _update_running(self, change: int) -> None:
+        with self._lock:
+            self._choices += change
+            self.metrics.running.set(self._choices)
+
+    def _run(self, job: Job, streams: list) -> None:
+        """Run a job's choices: concurrently when batched (each in its own thread, each holding a slot), else one
+        after another on the job's one slot."""
+        if not self.batched:
+            try:
+                for index, stream in enumerate(streams):
+                    if not self._run_choice(job, index, stream):
+                        break
+            finally:
+                for stream in streams:  # choices never run (the job ended) free what they hold
+                    stream.close()
+                self._update_running(-1)
+                self._done(job)
+                self._slots.release()
             return
-        job.started_at = time.perf_counter()
-        job.emit(Event("started"))
-        for index, stream in enumerate(streams):  # one choice after another
-            if not self._run_choice(job, index, stream):
-                break
+        threads = []
+        for index, stream in enumerate(streams):
+            if index:
+                self._slots.acquire()
+            threads.append(threading.Thread(target=self._run_held, args=(job, index, stream), daemon=True))
+            threads[-1].start()
+        for thread in threads:
+            thread.join()
+        self._done(job)
+
+    def _run_held(self, job: Job, index: int, stream) -> None:
+        try:
+            if not job.cancelled.is_set():
+                self._run_choice(job, index, stream)
+            else:
+                stream.close()
+        finally:
+            self._update_running(-1)
+            self._slots.release()
+
+    def _done(self, job: Job) -> None:
+        with self._lock:
+            self._running.discard(job)
 
     def _run_choice(self, job: Job, index: int, stream) -> bool:
         """Stream one choice's chunks to the job; False when the job ended (cancelled or failed)."""
@@ -167,10 +224,12 @@ class Worker:
                 job.emit(Event("done", index=index, result=stream.result))
         except Exception as error:
             reason = "error"
+            job.cancel()  # the job's other choices stop too: its client gets this error, not their answers
             if not isinstance(error, ParadecodeError):
                 log.exception("a request failed while decoding")
             job.emit(Event("error", error=error))
         finally:
-            chunks.close()  # a cancelled generation stops here; the model is free for the next job
+            chunks.close()  # a cancelled generation stops here; its cache is free for the next job
+            stream.close()
             self.metrics.finished(job.method, reason, stream.run.stats, time.perf_counter() - job.arrived)
         return reason not in ("cancelled", "error")

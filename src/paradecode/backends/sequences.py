@@ -1,0 +1,314 @@
+"""Many sequences in one int8 forward: a paged KV cache shared by several requests, and the batcher that packs
+their passes into one native call.
+
+Each request decodes on a ``Sequence``: a ``Backend`` of its own (a page table into the shared cache and a
+length), so the engine, every drafter and every verifier run on it unchanged. Each request's decode loop runs
+in a thread of its own; ``Sequence.forward`` hands its pass (a prefill chunk, one decode row, a draft chain or
+tree to verify) to the ``Batcher`` and waits. The batcher runs one native forward over the waiting passes when
+every running sequence is waiting (or the oldest pass has waited ``max_wait_s``: a request busy elsewhere does
+not hold the others up for long). No thread of its own: the waiting thread that finds the batch ready runs it
+(the native call releases the GIL, so the others' Python work goes on meanwhile) and wakes the rest.
+
+Exactness: the native forward computes every row on its own, in an order that does not depend on the other rows
+of the pass (``native/int8_forward.cpp``), so a request's tokens are the same alone or in any batch, under
+greedy decoding and seeded sampling alike. Long prompts are prefilled in chunks of ``prefill_chunk`` rows while
+other sequences run, so a new request does not stall the ones decoding; a chunked prefill computes the same
+bits as one pass.
+
+Memory: the cache is ``pages`` pages of ``page`` slots. A sequence reserves every page it may need when it opens
+(prompt + answer budget + draft room), so a running request never runs out; a request that does not fit waits
+for pages (``open(wait=True)``) or is refused (``CacheFull``); one that needs more than the whole cache is an
+error. Closing a sequence returns its pages at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence as Seq
+
+import torch
+
+from paradecode.backends.base import ForwardOutput
+from paradecode.errors import ParadecodeError
+
+DRAFT_ROOM = 64  # slots a sequence reserves beyond prompt + answer: a verify pass's drafts sit there for a moment
+
+
+class CacheFull(ParadecodeError):
+    """The shared cache has no room for this request now."""
+
+
+class PagePool:
+    """Free pages of the shared cache; sequences take what they reserve and give it back when they close."""
+
+    def __init__(self, pages: int) -> None:
+        self.pages = pages
+        self._free = list(range(pages - 1, -1, -1))  # pop() hands out low pages first
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def take(self, count: int) -> list[int] | None:
+        if count > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(count)]
+
+    def give(self, pages: Seq[int]) -> None:
+        self._free.extend(reversed(list(pages)))
+
+
+@dataclass
+class _Pass:
+    sequence: "Sequence"
+    ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    mask: torch.Tensor | None  # [T, start + T] bool, None: causal
+    start: int  # the sequence's cache length before the pass
+    layers: tuple[int, ...]
+    logits: bool
+    arrived: float = field(default_factory=time.perf_counter)
+    done: bool = False
+    hidden: torch.Tensor | None = None
+    out_logits: torch.Tensor | None = None
+    error: BaseException | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+
+class Batcher:
+    """Packs the passes of many ``Sequence``s into one native forward (see the module's docstring)."""
+
+    def __init__(self, backend, stack, cache: tuple[torch.Tensor, ...], pages: int, page: int, *,
+                 max_rows: int = 256, prefill_chunk: int = 64, max_wait_s: float = 0.05) -> None:
+        if max_rows < 1 or prefill_chunk < 1:
+            raise ValueError("max_rows and prefill_chunk must be at least 1")
+        self.backend = backend  # the model's own backend: weights, shape, hidden-state scale, layer checks
+        self.page = page
+        self.pool = PagePool(pages)
+        self.max_rows, self.prefill_chunk, self.max_wait_s = max_rows, prefill_chunk, max_wait_s
+        self._stack, self._cache = stack, cache  # the native forward and the cache tensors it writes
+        self._cond = threading.Condition()
+        self._pending: list[_Pass] = []
+        self._running: set[int] = set()  # ids of open sequences that have sent a pass (the ones a batch waits for)
+        self._busy = False  # a thread is running a native forward
+        self._open = 0
+        # what /metrics and the benchmark report: passes run, rows and sequences per pass
+        self.passes = 0
+        self.rows_histogram: Counter[int] = Counter()
+        self.sequences_histogram: Counter[int] = Counter()
+        self.on_pass = None  # called with (rows, sequences) after each pass (the server's metrics)
+
+    # -- sequences -------------------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return self.pool.pages * self.page
+
+    @property
+    def used_slots(self) -> int:
+        return (self.pool.pages - self.pool.free) * self.page
+
+    @property
+    def open_sequences(self) -> int:
+        return self._open
+
+    def pages_for(self, length: int) -> int:
+        return -(-min(length, self.backend.max_length) // self.page)
+
+    def open(self, length: int, *, wait: bool = False, timeout_s: float | None = None) -> "Sequence":
+        """A new sequence with room for ``length`` tokens (capped at the model's context). ``wait``: block until
+        enough pages are free (at most ``timeout_s``); else raise ``CacheFull`` at once."""
+        need = self.pages_for(length)
+        if need > self.pool.pages:
+            raise ParadecodeError(
+                f"the request needs {need * self.page} cache slots (prompt + max_tokens) but the whole cache holds "
+                f"{self.slots}: lower max_tokens or shorten the prompt, or give the server more cache.")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while (pages := self.pool.take(need)) is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not wait or (left is not None and left <= 0):
+                    raise CacheFull(f"the cache has {self.pool.free * self.page} free slots, this request needs "
+                                    f"{need * self.page}; try again when running requests finish.")
+                self._cond.wait(left)
+            self._open += 1
+        return Sequence(self, pages, min(need * self.page, self.backend.max_length))
+
+    def _close(self, sequence: "Sequence") -> None:
+        with self._cond:
+            self.pool.give(sequence.pages)
+            self._running.discard(id(sequence))
+            self._open -= 1
+            self._cond.notify_all()  # waiting passes may now be the whole batch; waiting opens may fit
+
+    def alone(self, sequence: "Sequence") -> bool:
+        """Whether no other sequence is running (a lone prefill need not be chunked)."""
+        return not (self._running - {id(sequence)})
+
+    # -- passes ----------------------------------------------------------------------------------------
+    def run(self, item: _Pass) -> _Pass:
+        """Queue a pass and wait for its rows; this thread may be the one that runs the batch."""
+        with self._cond:
+            self._pending.append(item)
+            self._running.add(id(item.sequence))
+            self._cond.notify_all()
+            while not item.done:
+                if not self._busy and self._ready():
+                    batch = self._take()
+                    self._busy = True
+                    self._cond.release()
+                    try:
+                        self._forward(batch)
+                    finally:
+                        self._cond.acquire()
+                        self._busy = False
+                        self._cond.notify_all()
+                else:
+                    self._cond.wait(self._wait_left())
+        if item.error is not None:
+            raise item.error
+        return item
+
+    def _ready(self) -> bool:
+        if not self._pending:
+            return False
+        waiting = {id(p.sequence) for p in self._pending}
+        return len(waiting) >= len(self._running) or self._wait_left() <= 0
+
+    def _wait_left(self) -> float | None:
+        if not self._pending:
+            return None
+        return max(0.0, self._pending[0].arrived + self.max_wait_s - time.perf_counter())
+
+    def _take(self) -> list[_Pass]:
+        """The oldest pass and, in arrival order, every later one running the same layers while the rows fit."""
+        first = self._pending[0]
+        batch, rows, rest = [first], first.rows, []
+        for item in self._pending[1:]:
+            if item.layers == first.layers and rows + item.rows <= self.max_rows:
+                batch.append(item)
+                rows += item.rows
+            else:
+                rest.append(item)
+        self._pending = rest
+        return batch
+
+    def _forward(self, batch: list[_Pass]) -> None:
+        try:
+            ids = torch.cat([p.ids for p in batch])
+            positions = torch.cat([p.positions for p in batch])
+            segments = [(p.sequence.page_table, p.start, p.rows, p.mask) for p in batch]
+            want = any(p.logits for p in batch)
+            with torch.inference_mode():
+                hidden, logits = self._stack.forward(ids, positions, segments, list(batch[0].layers), want)
+        except BaseException as error:  # every pass of the batch fails with it; the others' threads go on
+            for p in batch:
+                p.error, p.done = error, True
+            return
+        row = 0
+        for p in batch:
+            p.hidden = hidden[row : row + p.rows]
+            p.out_logits = logits[row : row + p.rows] if p.logits else None
+            p.done = True
+            row += p.rows
+        self.passes += 1
+        self.rows_histogram[row] += 1
+        self.sequences_histogram[len(batch)] += 1
+        if self.on_pass is not None:
+            self.on_pass(row, len(batch))
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self._stack.move_slots(src, dst)
+
+
+class Sequence:
+    """One request's view of the shared cache; implements ``paradecode.backends.base.Backend``."""
+
+    supports_tree = True
+
+    def __init__(self, batcher: Batcher, pages: list[int], capacity: int) -> None:
+        backend = batcher.backend
+        self.batcher = batcher
+        self.pages = pages
+        self.page_table = torch.tensor(pages, dtype=torch.int32)
+        self.max_length = capacity
+        self.vocab_size, self.num_layers, self.dtype = backend.vocab_size, backend.num_layers, backend.dtype
+        self._len = 0
+        self._closed = False
+
+    @property
+    def kernels(self) -> str:
+        return self.batcher.backend.kernels
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._len = 0
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot roll back to {length} tokens; the cache holds {self._len}")
+        self._len = length
+
+    def _physical(self, logical: torch.Tensor) -> torch.Tensor:
+        page = self.batcher.page
+        return self.page_table.long()[logical // page] * page + logical % page
+
+    def commit(self, start: int, keep: Seq[int]) -> None:
+        keep = list(keep)
+        if keep and (start + keep[-1] >= self._len or keep[0] < 0):
+            raise ValueError(f"commit keeps entries up to {start + keep[-1]}, the cache holds {self._len}")
+        if keep != list(range(len(keep))):
+            src = self._physical(torch.tensor(keep, dtype=torch.long) + start)
+            dst = self._physical(torch.arange(start, start + len(keep)))
+            self.batcher.move_slots(src, dst)  # this sequence's own slots: no pass of another touches them
+        self._len = start + len(keep)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                *, return_hidden: bool = False, exit_layer: int | None = None, layers: Seq[int] | None = None,
+                logits: bool = True) -> ForwardOutput:
+        if self._closed:
+            raise RuntimeError("this sequence is closed")
+        t, start = token_ids.shape[0], self._len
+        if t < 1:
+            raise ValueError("a forward needs at least one token")
+        if start + t > self.max_length:
+            raise ValueError(f"{start + t} tokens do not fit this sequence's cache ({self.max_length} slots)")
+        if mask is not None and mask.shape != (t, start + t):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, start + t)}")
+        run_layers = tuple(self.batcher.backend.layer_indices(exit_layer, layers))
+        if positions is None:
+            positions = torch.arange(start, start + t)
+        ids, positions = token_ids.long().contiguous(), positions.long().contiguous()
+        hidden, scores, done = [], [], 0
+        while done < t:  # a long causal pass (a prompt) in chunks, so that it does not stall the others
+            size = t - done if mask is not None or self.batcher.alone(self) else self.batcher.prefill_chunk
+            item = self.batcher.run(_Pass(self, ids[done : done + size], positions[done : done + size], mask,
+                                          start + done, run_layers, logits))
+            hidden.append(item.hidden)
+            if logits:
+                scores.append(item.out_logits)
+            done += item.rows
+            self._len = start + done
+        out_hidden = torch.cat(hidden) if len(hidden) > 1 else hidden[0]
+        return ForwardOutput(logits=(torch.cat(scores) if len(scores) > 1 else scores[0]) if logits else None,
+                             hidden=self.batcher.backend._returned_hidden(out_hidden) if return_hidden else None)
+
+    def close(self) -> None:
+        """Give the pages back (at once: the next request may take them). Closing twice is harmless."""
+        if not self._closed:
+            self._closed = True
+            self.batcher._close(self)
+
+    def __enter__(self) -> "Sequence":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,165 @@
+"""Many requests in one forward (``backends.sequences``): every request's output is exactly its solo run,
+whatever shares its passes (mixed methods, lengths, sampling with a seed, a request joining or cancelled
+mid-batch); the passes really are shared; the cache budget is enforced and freed."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+import paradecode
+from paradecode.backends import native
+from paradecode.backends.sequences import CacheFull
+from paradecode.errors import ParadecodeError
+from tiny import PROMPTS, WORDS, run, tiny_int8_backend, tiny_model_dir
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason="the native int8 forward could not be built here")
+
+# (method, options, temperature): greedy methods of every kind that runs on the target alone, and sampling
+CASES = [("ar", {}, 0.0), ("pld", {}, 0.0), ("ngram", {}, 0.0), ("pld-tree", {}, 0.0), ("jacobi", {}, 0.0),
+         ("lookahead", {}, 0.0), ("layerskip", {}, 0.0), ("auto", {"keep": False}, 0.0), ("ar", {}, 0.8),
+         ("pld", {}, 0.8)]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    backend = tiny_int8_backend(3, sharp=4.0)
+    assert backend._native is not None
+    return backend
+
+
+def solo(backend, method, options, temperature, prompt, max_new_tokens, seed):
+    out, _ = run(backend, method, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                 **options)
+    return out
+
+
+def in_threads(batcher, jobs, *, stagger_s=0.0):
+    """Run each job (method, options, temperature, prompt, max_new_tokens, seed) in its own thread on a sequence
+    of the batcher; returns the outputs in order."""
+    results, errors = [None] * len(jobs), []
+
+    def work(i, job):
+        method, options, temperature, prompt, max_new, seed = job
+        try:
+            with batcher.open(len(prompt) + max_new + 64, wait=True) as sequence:
+                results[i] = solo(sequence, method, options, temperature, prompt, max_new, seed)
+        except BaseException as error:  # reported by the test
+            errors.append(error)
+
+    threads = []
+    for i, job in enumerate(jobs):
+        threads.append(threading.Thread(target=work, args=(i, job)))
+        threads[-1].start()
+        time.sleep(stagger_s)
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    return results
+
+
+def test_concurrent_requests_get_exactly_their_solo_outputs(backend):
+    jobs = [(method, options, temperature, PROMPTS[i % len(PROMPTS)], 12 + 5 * (i % 3), i)
+            for i, (method, options, temperature) in enumerate(CASES)]
+    expected = [solo(backend, *job) for job in jobs]
+    batcher = backend.batcher(8 << 20)
+    assert in_threads(batcher, jobs) == expected
+    # the passes were shared: fewer passes than the requests' steps, several sequences in most of them
+    assert batcher.passes > 0 and max(batcher.sequences_histogram) >= 4
+    assert batcher.pool.free == batcher.pool.pages and batcher.open_sequences == 0  # every page came back
+
+
+def test_requests_joining_mid_batch_and_a_long_prompt_in_chunks_leave_the_others_unchanged(backend):
+    long_prompt = [(7 * i + 3) % 48 for i in range(150)]  # prefilled in chunks of 16 alongside the others
+    jobs = [("pld", {}, 0.0, PROMPTS[0], 40, 0), ("ar", {}, 0.8, PROMPTS[2], 40, 5),
+            ("ngram", {}, 0.0, long_prompt, 20, 0), ("jacobi", {}, 0.0, PROMPTS[4], 30, 0)]
+    expected = [solo(backend, *job) for job in jobs]
+    batcher = backend.batcher(8 << 20, prefill_chunk=16)
+    assert in_threads(batcher, jobs, stagger_s=0.01) == expected
+
+
+def test_a_cancelled_request_leaves_the_others_unchanged_and_frees_its_pages(backend):
+    batcher = backend.batcher(8 << 20)
+    keep = ("pld-tree", {}, 0.0, PROMPTS[1], 40, 0)
+    expected = solo(backend, *keep)
+    from paradecode.config import GenerationConfig
+    from paradecode.engine import decode
+    from paradecode.registry import get_method
+
+    sequence = batcher.open(200)
+    steps = decode(sequence, get_method("ar").create({}), PROMPTS[4], GenerationConfig(max_new_tokens=100))
+    next(steps)  # the cancelled request has started: its prefill and first step ran
+    result = []
+    other = threading.Thread(target=lambda: result.append(in_threads(batcher, [keep])[0]))
+    other.start()
+    next(steps)
+    steps.close()  # cancelled mid-batch (the server closes the stream the same way)
+    sequence.close()
+    other.join(60)
+    assert result == [expected]
+    assert batcher.pool.free == batcher.pool.pages
+
+
+def test_the_cache_budget_is_enforced_never_shared(backend):
+    batcher = backend.batcher(backend.slot_bytes * 3 * 64)  # three pages of 64 slots
+    assert batcher.pool.pages == 3
+    first = batcher.open(100)  # two pages
+    with pytest.raises(CacheFull, match="free slots"):
+        batcher.open(100)
+    with pytest.raises(ParadecodeError, match="whole cache holds 192"):
+        batcher.open(300)  # the model's 256 positions need four pages
+    second = batcher.open(60)  # the last page
+    assert not set(first.pages) & set(second.pages)
+    # a request that waits for room gets it as soon as a running one closes
+    threading.Timer(0.2, first.close).start()
+    started = time.perf_counter()
+    third = batcher.open(100, wait=True, timeout_s=10)
+    assert time.perf_counter() - started >= 0.15 and len(third.pages) == 2
+    with pytest.raises(CacheFull):
+        batcher.open(100, wait=True, timeout_s=0.05)
+    second.close(), third.close(), third.close()
+    assert batcher.pool.free == 3
+
+
+def test_a_sequence_refuses_passes_past_its_room(backend):
+    batcher = backend.batcher(8 << 20)
+    with batcher.open(64) as sequence:
+        with pytest.raises(ValueError, match="do not fit"):
+            sequence.forward(torch.arange(65) % 40)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return paradecode.load(str(tiny_model_dir(tmp_path_factory.mktemp("tiny-batch"))), dtype="int8")
+
+
+def test_generate_batch_equals_generate_for_each_request(model):
+    prompts = ["w3 w4 w5 w3 w4 w5 w3 w4", "w7 w8 w9 w7 w8", "w10 w11 w12 w13 w14 w10 w11", "w20"]
+    requests = [dict(prompt=p, method=m, temperature=t, seed=s, max_new_tokens=n)
+                for p, (m, t, s, n) in zip(prompts * 2, [("pld", 0, None, 20), ("ngram", 0, None, 15),
+                                                         ("ar", 0.9, 3, 18), ("pld-tree", 0, None, 12),
+                                                         ("jacobi", 0, None, 20), ("ar", 0.9, 4, 10),
+                                                         ("lookahead", 0, None, 16), ("layerskip", 0, None, 14)])]
+    expected = [model.generate(r["prompt"], **{k: v for k, v in r.items() if k != "prompt"}) for r in requests]
+    seen = []
+    results = model.generate_batch(requests, max_batch=8, progress=lambda done, total: seen.append((done, total)))
+    assert [r.token_ids for r in results] == [e.token_ids for e in expected]
+    assert [r.text for r in results] == [e.text for e in expected]
+    assert seen[-1] == (8, 8) and len(seen) == 8
+    assert model.batcher().passes > 0 and model.batcher().open_sequences == 0
+
+
+def test_generate_batch_rejects_a_request_without_prompt(model):
+    with pytest.raises(ParadecodeError, match="no 'prompt'"):
+        model.generate_batch([{"method": "ar"}])
+    with pytest.raises(ParadecodeError, match="max_batch"):
+        model.generate_batch(["w3"], max_batch=0)
+
+
+def test_a_backend_that_cannot_batch_runs_the_requests_one_after_another(tmp_path):
+    model = paradecode.load(str(tiny_model_dir(tmp_path)), dtype="fp32")
+    assert model.batcher() is None
+    results = model.generate_batch(["w3 w4 w5 w3 w4", "w7 w8"], method="pld", max_new_tokens=8)
+    assert [r.token_ids for r in results] == [model.generate(p, method="pld", max_new_tokens=8).token_ids
+                                              for p in ["w3 w4 w5 w3 w4", "w7 w8"]]

@@ -6,8 +6,8 @@ length), so the engine, every drafter and every verifier run on it unchanged. Ea
 in a thread of its own; ``Sequence.forward`` hands its pass (a prefill chunk, one decode row, a draft chain or
 tree to verify) to the ``Batcher`` and waits. The batcher runs one native forward over the waiting passes when
 every running sequence is waiting (or the oldest pass has waited ``max_wait_s``: a request busy elsewhere does
-not hold the others up for long). No thread of its own: the waiting thread that finds the batch ready runs it
-(the native call releases the GIL, so the others' Python work goes on meanwhile) and wakes the rest.
+not hold the others up for long). One thread of the batcher's own runs every forward (the native call releases
+the GIL, so the requests' Python work goes on meanwhile; and the forward's OpenMP workers stay one team).
 
 Exactness: the native forward computes every row on its own, in an order that does not depend on the other rows
 of the pass (``native/int8_forward.cpp``), so a request's tokens are the same alone or in any batch, under
@@ -71,7 +71,7 @@ class _Pass:
     layers: tuple[int, ...]
     logits: bool
     arrived: float = field(default_factory=time.perf_counter)
-    done: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)
     hidden: torch.Tensor | None = None
     out_logits: torch.Tensor | None = None
     error: BaseException | None = None
@@ -96,7 +96,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._pending: list[_Pass] = []
         self._running: set[int] = set()  # ids of open sequences that have sent a pass (the ones a batch waits for)
-        self._busy = False  # a thread is running a native forward
+        self._thread: threading.Thread | None = None  # runs the passes (started with the first one)
         self._open = 0
         # what /metrics and the benchmark report: passes run, rows and sequences per pass
         self.passes = 0
@@ -152,27 +152,32 @@ class Batcher:
 
     # -- passes ----------------------------------------------------------------------------------------
     def run(self, item: _Pass) -> _Pass:
-        """Queue a pass and wait for its rows; this thread may be the one that runs the batch."""
+        """Queue a pass and wait for its rows (the batcher's thread runs the batch)."""
         with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="paradecode-batcher", daemon=True)
+                self._thread.start()
             self._pending.append(item)
             self._running.add(id(item.sequence))
             self._cond.notify_all()
-            while not item.done:
-                if not self._busy and self._ready():
-                    batch = self._take()
-                    self._busy = True
-                    self._cond.release()
-                    try:
-                        self._forward(batch)
-                    finally:
-                        self._cond.acquire()
-                        self._busy = False
-                        self._cond.notify_all()
-                else:
-                    self._cond.wait(self._wait_left())
+        item.finished.wait()
         if item.error is not None:
             raise item.error
         return item
+
+    def _serve(self) -> None:
+        """The batcher's thread: one thread runs every native forward, so the forward's worker threads (OpenMP)
+        are one team, not one per request thread."""
+        with self._cond:
+            while True:
+                while not self._ready():
+                    self._cond.wait(self._wait_left())
+                batch = self._take()
+                self._cond.release()
+                try:
+                    self._forward(batch)
+                finally:
+                    self._cond.acquire()
 
     def _ready(self) -> bool:
         if not self._pending:
@@ -208,17 +213,19 @@ class Batcher:
                 hidden, logits = self._stack.forward(ids, positions, segments, list(batch[0].layers), want)
         except BaseException as error:  # every pass of the batch fails with it; the others' threads go on
             for p in batch:
-                p.error, p.done = error, True
+                p.error = error
+                p.finished.set()
             return
         row = 0
         for p in batch:
             p.hidden = hidden[row : row + p.rows]
             p.out_logits = logits[row : row + p.rows] if p.logits else None
-            p.done = True
             row += p.rows
         self.passes += 1
         self.rows_histogram[row] += 1
         self.sequences_histogram[len(batch)] += 1
+        for p in batch:
+            p.finished.set()
         if self.on_pass is not None:
             self.on_pass(row, len(batch))
 

@@ -34,7 +34,6 @@ import torch
 from paradecode.backends.base import ForwardOutput
 from paradecode.errors import ParadecodeError
 
-IDLE_S = 0.5  # the batcher's thread ends after this long with no sequence open
 DRAFT_ROOM = 64  # slots a sequence reserves beyond prompt + answer: a verify pass's drafts sit there for a moment
 
 
@@ -172,15 +171,7 @@ class Batcher:
         with self._cond:
             while True:
                 while not self._ready():
-                    if not self._pending and not self._open:
-                        # idle: the thread ends after a moment, and its OpenMP team with it (libgomp counts every
-                        # team's threads; more than the cores and its workers stop spinning between a forward's
-                        # parallel loops, which made the model's own one-request forwards ~2x slower)
-                        if not self._cond.wait(IDLE_S) and not self._pending and not self._open:
-                            self._thread = None
-                            return
-                    else:
-                        self._cond.wait(self._wait_left())
+                    self._cond.wait(self._wait_left())
                 batch = self._take()
                 self._cond.release()
                 try:

@@ -63,6 +63,37 @@ class Backend(Protocol):
         drop every other entry after ``start``."""
 
 
+class SlotCache:
+    """The bookkeeping of a cache whose first ``_len`` slots hold the sequence: ``cache_len``, ``reset``,
+    ``rollback`` and ``commit``; a subclass says how kept entries move (``_move``)."""
+
+    _len: int = 0
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._len = 0
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot roll back to {length} tokens; the cache holds {self._len}")
+        self._len = length
+
+    def commit(self, start: int, keep: Sequence[int]) -> None:
+        keep = list(keep)
+        if keep and (start + keep[-1] >= self._len or keep[0] < 0):
+            raise ValueError(f"commit keeps entries up to {start + keep[-1]}, the cache holds {self._len}")
+        if keep != list(range(len(keep))):
+            self._move(torch.tensor(keep, dtype=torch.long) + start, start)
+        self._len = start + len(keep)
+
+    def _move(self, kept: torch.Tensor, start: int) -> None:
+        """Copy the entries of slots ``kept`` [K] (ascending, each >= its target) to ``start, start+1, ...``."""
+        raise NotImplementedError
+
+
 def causal_mask(cache_len: int, t: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[T, cache_len + T] mask: every new token sees the cache and the new tokens up to itself."""
     mask = torch.ones(t, cache_len + t, dtype=torch.bool, device=device)

@@ -176,7 +176,7 @@ class Int8LlamaBackend(LlamaBackend):
 
         slots = max(PAGE, cache_bytes // self.slot_bytes // PAGE * PAGE)
         stack, values, keys_t = self._native_stack(native.load(), slots)
-        stack.set_kernels([self.kernel_choice[bucket] for bucket in BUCKETS])
+        stack.set_kernels(self._chosen_kernels())
         return Batcher(self, stack, (values, keys_t), slots // PAGE, PAGE, **limits)
 
     @property
@@ -213,7 +213,11 @@ class Int8LlamaBackend(LlamaBackend):
             raise ValueError(f"unknown bucket or unavailable kernel: {', '.join(unknown)}")
         current = self.kernel_choice or dict.fromkeys(BUCKETS, self.available_kernels()[0])
         self.kernel_choice = {bucket: choice.get(bucket, current[bucket]) for bucket in BUCKETS}
-        self._native.set_kernels([self.kernel_choice[bucket] for bucket in BUCKETS])
+        self._native.set_kernels(self._chosen_kernels())
+
+    def _chosen_kernels(self) -> list[str]:
+        """The chosen kernel of each bucket, in the order the native pass takes them."""
+        return [self.kernel_choice[bucket] for bucket in BUCKETS]
 
     def choose_kernels(self, cache: Path | None = None, repeats: int = 7) -> dict[str, str]:
         """Time every kernel on each bucket's pass size and keep the fastest per bucket (the results are
@@ -290,16 +294,11 @@ class Int8LlamaBackend(LlamaBackend):
             self._native.set_profiling(False)
 
     # -- Backend -----------------------------------------------------------------------------------------
-    def commit(self, start: int, keep: Sequence[int]) -> None:
+    def _move(self, kept: torch.Tensor, start: int) -> None:
         if self._native is None:
-            return super().commit(start, keep)
-        keep = list(keep)
-        if keep and (start + keep[-1] >= self._len or keep[0] < 0):
-            raise ValueError(f"commit keeps entries up to {start + keep[-1]}, the cache holds {self._len}")
-        if keep != list(range(len(keep))):  # logical slots are physical ones here: the pages are in order
-            self._native.move_slots(torch.tensor(keep, dtype=torch.long) + start,
-                                    torch.arange(start, start + len(keep)))
-        self._len = start + len(keep)
+            return super()._move(kept, start)
+        # logical slots are physical ones here: the pages are in order
+        self._native.move_slots(kept, torch.arange(start, start + len(kept)))
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,

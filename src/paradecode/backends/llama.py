@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from paradecode.backends.base import ForwardOutput, causal_mask
+from paradecode.backends.base import ForwardOutput, SlotCache, causal_mask
 
 DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does not choose
 
@@ -147,7 +147,7 @@ class _Layer:
     slots: torch.Tensor | None = None  # [2 * Hkv, max_length, hd] this layer's cache (keys, then values), for writing
 
 
-class LlamaBackend:
+class LlamaBackend(SlotCache):
     """A Llama-family transformer that implements ``paradecode.backends.base.Backend``."""
 
     supports_tree = True
@@ -233,26 +233,8 @@ class LlamaBackend:
         """Seconds per stage of the forwards ``work`` runs, where the backend has a stage clock (else None)."""
         return None
 
-    @property
-    def cache_len(self) -> int:
-        return self._len
-
-    def reset(self) -> None:
-        self._len = 0
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._len:
-            raise ValueError(f"cannot roll back to {length} tokens; the cache holds {self._len}")
-        self._len = length
-
-    def commit(self, start: int, keep: Sequence[int]) -> None:
-        keep = list(keep)
-        if keep and (start + keep[-1] >= self._len or keep[0] < 0):
-            raise ValueError(f"commit keeps entries up to {start + keep[-1]}, the cache holds {self._len}")
-        if keep != list(range(len(keep))):
-            kept = torch.tensor(keep) + start  # [K] slots to move to start, start+1, ...
-            self._cache[:, :, start : start + len(keep)] = self._cache[:, :, kept]
-        self._len = start + len(keep)
+    def _move(self, kept: torch.Tensor, start: int) -> None:
+        self._cache[:, :, start : start + len(kept)] = self._cache[:, :, kept]
 
     def _attention(self, q: torch.Tensor, layer: _Layer, end: int, mask: torch.Tensor | None) -> torch.Tensor:
         """q [T, Hq, hd] (RoPE applied) against the cache's first ``end`` slots -> [T, Hq * hd]."""

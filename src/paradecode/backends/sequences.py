@@ -31,7 +31,7 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from paradecode.backends.base import ForwardOutput
+from paradecode.backends.base import ForwardOutput, SlotCache
 from paradecode.errors import ParadecodeError
 
 DRAFT_ROOM = 64  # slots a sequence reserves beyond prompt + answer: a verify pass's drafts sit there for a moment
@@ -233,7 +233,7 @@ class Batcher:
         self._stack.move_slots(src, dst)
 
 
-class Sequence:
+class Sequence(SlotCache):
     """One request's view of the shared cache; implements ``paradecode.backends.base.Backend``."""
 
     supports_tree = True
@@ -252,31 +252,13 @@ class Sequence:
     def kernels(self) -> str:
         return self.batcher.backend.kernels
 
-    @property
-    def cache_len(self) -> int:
-        return self._len
-
-    def reset(self) -> None:
-        self._len = 0
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._len:
-            raise ValueError(f"cannot roll back to {length} tokens; the cache holds {self._len}")
-        self._len = length
-
     def _physical(self, logical: torch.Tensor) -> torch.Tensor:
         page = self.batcher.page
         return self.page_table.long()[logical // page] * page + logical % page
 
-    def commit(self, start: int, keep: Seq[int]) -> None:
-        keep = list(keep)
-        if keep and (start + keep[-1] >= self._len or keep[0] < 0):
-            raise ValueError(f"commit keeps entries up to {start + keep[-1]}, the cache holds {self._len}")
-        if keep != list(range(len(keep))):
-            src = self._physical(torch.tensor(keep, dtype=torch.long) + start)
-            dst = self._physical(torch.arange(start, start + len(keep)))
-            self.batcher.move_slots(src, dst)  # this sequence's own slots: no pass of another touches them
-        self._len = start + len(keep)
+    def _move(self, kept: torch.Tensor, start: int) -> None:
+        dst = self._physical(torch.arange(start, start + len(kept)))
+        self.batcher.move_slots(self._physical(kept), dst)  # this sequence's own slots: no pass of another's
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 *, return_hidden: bool = False, exit_layer: int | None = None, layers: Seq[int] | None = None,

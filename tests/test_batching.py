@@ -122,6 +122,35 @@ def test_the_cache_budget_is_enforced_never_shared(backend):
     assert batcher.pool.free == 3
 
 
+class FailingOnce:
+    """The batcher's native forward, failing its first call (as a forward that raises would)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.failed = inner, False
+
+    def forward(self, *args):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("the forward failed")
+        return self.inner.forward(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_failed_pass_fails_its_requests_and_the_batcher_serves_the_next(backend):
+    batcher = backend.batcher(8 << 20)
+    batcher._stack = FailingOnce(batcher._stack)
+    job = ("pld", {}, 0.0, PROMPTS[0], 20, 0)
+    with pytest.raises(RuntimeError, match="the forward failed"):
+        with batcher.open(100) as sequence:
+            solo(sequence, *job)
+    assert batcher.pool.free == batcher.pool.pages
+    assert in_threads(batcher, [job, ("ar", {}, 0.8, PROMPTS[2], 20, 1)]) == [solo(backend, *job),
+                                                                             solo(backend, "ar", {}, 0.8, PROMPTS[2],
+                                                                                  20, 1)]
+
+
 def test_a_sequence_refuses_passes_past_its_room(backend):
     batcher = backend.batcher(8 << 20)
     with batcher.open(64) as sequence:

@@ -259,6 +259,22 @@ def test_a_client_leaving_a_batch_frees_its_cache_and_the_others_go_on(chat_dir)
         assert metric(base, "paradecode_cache_used_slots") == 0
 
 
+def test_a_failed_shared_pass_is_a_500_and_the_server_goes_on(chat_dir, caplog):
+    from test_batching import FailingOnce
+
+    model, reference = paradecode.load(chat_dir, dtype="int8"), paradecode.load(chat_dir, dtype="int8")
+    if model.batcher() is None:
+        pytest.skip("the native int8 forward could not be built here")
+    model.batcher()._stack = FailingOnce(model.batcher()._stack)
+    with serving(model, method="pld", max_new_tokens=16) as base:
+        failed = httpx.post(f"{base}/v1/completions", json=dict(model="tiny", prompt=PROMPT), timeout=30)
+        assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+        answer = client(base).completions.create(model="tiny", prompt=PROMPT)
+        assert answer.choices[0].text == reference.generate(PROMPT, chat=False, method="pld", max_new_tokens=16).text
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+        assert metric(base, "paradecode_cache_used_slots") == 0
+
+
 class SlowBackend:
     """The model's backend with a pause in every forward pass, so a generation lasts long enough to interrupt."""
 

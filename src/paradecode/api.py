@@ -263,7 +263,8 @@ class Model:
         for i, request in enumerate(requests):
             if "prompt" not in request:
                 raise ParadecodeError(f"request {i} of the batch has no 'prompt'.")
-        batch = self.batcher()
+        # one at a time needs no shared cache: the model's own forward, on this thread, gives the same tokens
+        batch = self.batcher() if max_batch > 1 and len(requests) > 1 else None
         done, lock = [0], threading.Lock()
 
         def one(request: dict) -> GenerationResult:
@@ -275,7 +276,7 @@ class Model:
                     progress(done[0], len(requests))
             return result
 
-        if batch is None or max_batch == 1 or len(requests) == 1:
+        if batch is None:
             return [one(request) for request in requests]
         with ThreadPoolExecutor(max_workers=min(max_batch, len(requests)),
                                 thread_name_prefix="paradecode-batch") as pool:

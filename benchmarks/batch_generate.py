@@ -5,7 +5,8 @@ after another, on the same prompts; every batched output must equal its solo one
 
 Prompts: the short chat questions of ``server_load.py`` (``--prompts N`` of them, cycled), or the first turns of
 ``--specbench FILE`` (question.jsonl). Prints tokens/s per method and batch size, the speed-up over one after
-another, and how many requests shared each forward pass; writes it all with ``--out``. Run it on an idle
+another (before any batch, and again after: a batcher must not slow the process's later solo runs), and how
+many requests shared each forward pass; writes it all with ``--out``. Run it on an idle
 machine: on 2 cores any other process skews the ratios.
 """
 
@@ -88,6 +89,16 @@ def main() -> int:
             print(f"{method:8s} batch {size:3d}: {rate:7.1f} tok/s vs {solo_rate:6.1f} one after another "
                   f"({row['speedup']:.2f}x), {row['mean_requests_per_pass']:.1f} requests per pass, "
                   f"identical {row['identical']}", flush=True)
+    # one after another again, now that the batcher's thread has run: its OpenMP team must not slow them
+    for method in methods:
+        results, seconds = timed(lambda: [model.generate(p, method=method, max_new_tokens=args.max_new_tokens)
+                                          for p in prompts])
+        rate = sum(len(r.token_ids) for r in results) / seconds
+        for row in rows:
+            if row["method"] == method:
+                row["solo_after_tokens_per_s"] = rate
+        print(f"{method:8s} one after another again, after batching: {rate:6.1f} tok/s "
+              f"({rate / solo[method][1]:.2f}x the first run)", flush=True)
     print(f"CPU: {cpu_model()}; {args.prompts} prompts, {args.max_new_tokens} tokens, greedy")
     if args.out:
         Path(args.out).write_text(json.dumps(dict(cpu=cpu_model(), settings=vars(args), rows=rows), indent=1))

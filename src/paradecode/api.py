@@ -278,6 +278,10 @@ class Model:
 
         if batch is None:
             return [one(request) for request in requests]
+        from paradecode.backends.sequences import openmp_release_team
+
+        self.cost_curve  # noqa: B018  measured here if ever (request threads run torch on one OpenMP thread)
+        openmp_release_team()  # this thread waits while the batcher's runs the forwards (see Batcher._serve)
         with ThreadPoolExecutor(max_workers=min(max_batch, len(requests)),
                                 thread_name_prefix="paradecode-batch") as pool:
             return list(pool.map(one, requests))

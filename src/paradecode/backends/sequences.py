@@ -153,6 +153,7 @@ class Batcher:
     # -- passes ----------------------------------------------------------------------------------------
     def run(self, item: _Pass) -> _Pass:
         """Queue a pass and wait for its rows (the batcher's thread runs the batch)."""
+        openmp_one_thread_here()
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="paradecode-batcher", daemon=True)
@@ -166,13 +167,22 @@ class Batcher:
         return item
 
     def _serve(self) -> None:
-        """The batcher's thread: one thread runs every native forward, so the forward's worker threads (OpenMP)
-        are one team, not one per request thread."""
+        """The batcher's thread: one thread runs every native forward. libgomp counts the threads of every OpenMP
+        team in the process, and with more than the cores its workers stop spinning between a forward's
+        parallel loops (a forward then takes about twice as long). So the passes run on this thread's team, the
+        request threads run their own torch work on one thread (``openmp_one_thread_here``), the thread that
+        starts a batch gives its team up (``openmp_release_team``), and this thread gives its own up when no
+        sequence is open (the model's own one-request forwards, on another thread, then run at full speed)."""
+        team = False  # whether this thread holds an OpenMP team (since its last pass)
         with self._cond:
             while True:
                 while not self._ready():
+                    if team and not self._pending and not self._open:
+                        openmp_release_team()  # idle: the model's own forwards elsewhere get the cores' team
+                        team = False
                     self._cond.wait(self._wait_left())
                 batch = self._take()
+                team = True
                 self._cond.release()
                 try:
                     self._forward(batch)
@@ -231,6 +241,44 @@ class Batcher:
 
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self._stack.move_slots(src, dst)
+
+
+_openmp_local = threading.local()
+
+
+def _libgomp():
+    """torch's OpenMP runtime where it is libgomp (already loaded by torch), else None."""
+    try:
+        import ctypes
+
+        library = ctypes.CDLL("libgomp.so.1")
+        library.omp_pause_resource_all, library.omp_set_num_threads, library.omp_get_max_threads  # noqa: B018
+        return library
+    except (OSError, AttributeError):
+        return None
+
+
+def openmp_release_team() -> None:
+    """Give up this thread's OpenMP team (its worker threads end; torch makes a new one on its next parallel
+    loop). Called where a thread that ran torch work goes quiet while another runs the forwards."""
+    library = _libgomp()
+    if library is not None:
+        threads = library.omp_get_max_threads()  # this thread's setting, which the pause resets
+        library.omp_pause_resource_all(1)  # omp_pause_soft: frees the calling thread's pool
+        library.omp_set_num_threads(threads)
+
+
+def openmp_one_thread_here() -> None:
+    """This thread (a request's) runs its own torch work on one OpenMP thread, so it makes no team of its own;
+    only this thread's setting changes. Once per thread."""
+    if getattr(_openmp_local, "single", False):
+        return
+    _openmp_local.single = True
+    library = _libgomp()
+    if library is not None:
+        torch.get_num_threads()  # torch's per-thread setup first, or it would override what follows
+        library.omp_pause_resource_all(1)
+        library.omp_set_num_threads(1)
 
 
 class Sequence(SlotCache):

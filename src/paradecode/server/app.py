@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from paradecode.backends.sequences import openmp_release_team
 from paradecode.errors import ParadecodeError
 from paradecode.server import protocol as p
 from paradecode.server.inputs import (RequestError, ServerDefaults, chat_messages, choice_arguments, decoding_method,
@@ -53,6 +54,10 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
     batch = model.batcher(defaults.cache_mb, max_rows=defaults.max_batch_rows) if defaults.max_batch > 1 else None
     if batch is not None:
         batch.on_pass = metrics.observe_pass
+        model.cost_curve  # noqa: B018  measured here if ever (request threads run torch on one OpenMP thread)
+    # the loading thread serves HTTP from now on and the worker's threads run the forwards: one OpenMP team
+    # (see backends.sequences.Batcher._serve)
+    openmp_release_team()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -144,6 +149,9 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
                 for stream in streams:
                     stream.close()
                 raise
+            finally:
+                if batch is not None:
+                    openmp_release_team()  # starting may have run torch work here (a cost curve measured once)
             return streams
 
         job = Job(start, method, asyncio.get_running_loop())

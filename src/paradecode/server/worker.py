@@ -5,7 +5,8 @@ The event loop never decodes: a request becomes a ``Job`` whose ``start`` encode
 batcher, ``start`` also reserves each choice's room in the shared cache, waiting for it when the cache is full)
 and runs every choice in a thread of its own, at most ``max_running`` at once; their forward passes are packed
 into shared ones by ``backends.sequences``, so each answer is exactly what it would be alone. Without a batcher
-(a backend that cannot batch) ``max_running`` is 1 and the choices run one after another, as before. Each event
+(a backend that cannot batch, or ``--max-batch 1``) the dispatcher runs each job itself, its choices one after
+another: the model's forwards stay on one thread, hence one OpenMP team. Each event
 (started, a chunk of a choice, a choice done, error) goes to the job's asyncio queue with
 ``loop.call_soon_threadsafe``. A job whose client went away is cancelled: the dispatcher skips it if it has not
 started, or each choice stops before its next chunk and closes its generator, which frees its cache at once.
@@ -156,7 +157,10 @@ class Worker:
             with self._lock:
                 self._running.add(job)
             self._update_running(len(streams) if self.batched else 1)
-            threading.Thread(target=self._run, args=(job, streams), name="paradecode-job", daemon=True).start()
+            if self.batched:
+                threading.Thread(target=self._run, args=(job, streams), name="paradecode-job", daemon=True).start()
+            else:  # one at a time: on this thread, the one that runs the model's forwards (one OpenMP team)
+                self._run(job, streams)
 
     def _left_queue(self) -> None:
         with self._lock:

@@ -192,3 +192,29 @@ def test_a_backend_that_cannot_batch_runs_the_requests_one_after_another(tmp_pat
     results = model.generate_batch(["w3 w4 w5 w3 w4", "w7 w8"], method="pld", max_new_tokens=8)
     assert [r.token_ids for r in results] == [model.generate(p, method="pld", max_new_tokens=8).token_ids
                                               for p in ["w3 w4 w5 w3 w4", "w7 w8"]]
+
+
+def test_request_threads_run_torch_on_one_thread_and_a_released_team_keeps_the_setting(backend):
+    """One OpenMP team at a time (``Batcher._serve``): a request thread's own torch work runs on one thread,
+    other threads keep their setting, and a thread that gives its team up keeps its thread count."""
+    from paradecode.backends.sequences import _libgomp, openmp_one_thread_here, openmp_release_team
+
+    if _libgomp() is None:
+        pytest.skip("torch does not run on libgomp here")
+    before = torch.get_num_threads()
+    seen = []
+
+    def request_thread():
+        openmp_one_thread_here()
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=request_thread)
+    thread.start()
+    thread.join()
+    assert seen == [1] and torch.get_num_threads() == before
+    backend.reset()
+    expected = backend.forward(torch.arange(20) % 40).logits
+    openmp_release_team()
+    assert torch.get_num_threads() == before
+    backend.reset()
+    assert torch.equal(backend.forward(torch.arange(20) % 40).logits, expected)  # the forward runs on as before

@@ -14,24 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paradecode  # noqa: E402
+from paradecode.profile import machine_report  # noqa: E402
 from server_load import QUESTIONS  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def timed(run) -> tuple[list, float]:
@@ -99,9 +89,10 @@ def main() -> int:
                 row["solo_after_tokens_per_s"] = rate
         print(f"{method:8s} one after another again, after batching: {rate:6.1f} tok/s "
               f"({rate / solo[method][1]:.2f}x the first run)", flush=True)
-    print(f"CPU: {cpu_model()}; {args.prompts} prompts, {args.max_new_tokens} tokens, greedy")
+    machine = machine_report()
+    print(f"machine: {json.dumps(machine)}; {args.prompts} prompts, {args.max_new_tokens} tokens, greedy")
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(cpu=cpu_model(), settings=vars(args), rows=rows), indent=1))
+        Path(args.out).write_text(json.dumps(dict(machine=machine, settings=vars(args), rows=rows), indent=1))
     return 0 if all(row["identical"] for row in rows) else 1
 
 

@@ -45,6 +45,7 @@ struct Clock {
 enum Kernel { kOwn, kFbgemm, kIntMm, kKernelCount };
 const char* const kKernelNames[kKernelCount] = {"own", "fbgemm", "int_mm"};
 constexpr int64_t kVerifyRows = 16;
+constexpr int64_t kDequantizeGrain = 1 << 15;  // outputs per thread's share of a dequantization, at least
 constexpr int kBuckets = 3;
 inline int bucket_of(int64_t t) { return t == 1 ? 0 : t <= kVerifyRows ? 1 : 2; }
 
@@ -147,21 +148,24 @@ struct Projection {
     clock.lap(kGemm);
     const float* yp = ws.y.data();
     const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
+    // Each output is its own few float operations, so any split gives the same bits: split by elements, in
+    // pieces big enough (the LM head's 49,152 columns of a verify pass) to be worth a second thread.
+    at::parallel_for(0, t * n, kDequantizeGrain, [&](int64_t e0, int64_t e1) {
+      for (int64_t r = e0 / n; r * n < e1; ++r) {
+        const int64_t c0 = std::max(e0, r * n) - r * n, c1 = std::min(e1, (r + 1) * n) - r * n;
         float* o = out + r * n;
         const float* y0 = yp + r * n;
         const float a0 = ws.amax[r];
         if (precise) {
           const float* y1 = yp + (t + r) * n;
           const float a1 = ws.amax[t + r];
-          for (int64_t c = 0; c < n; ++c) {
+          for (int64_t c = c0; c < c1; ++c) {
             float v = y0[c] * a0 + y1[c] * a1;
             if (bp) v += bp[c];
             o[c] = accumulate ? o[c] + v : v;
           }
         } else {
-          for (int64_t c = 0; c < n; ++c) {
+          for (int64_t c = c0; c < c1; ++c) {
             float v = y0[c] * a0;
             if (bp) v += bp[c];
             o[c] = accumulate ? o[c] + v : v;

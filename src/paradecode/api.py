@@ -109,8 +109,8 @@ def _make_backend(model_dir: Path, backend: str, max_length: int | None, dtype: 
                 f"the llama backend runs Llama-family models only; this one is {config.get('model_type')!r}: "
                 "use --backend hf."
             )
-        if dtype == "int8":
-            return _load_int8(model_dir, max_length, tokenizer, cache_dir)
+        if dtype in ("int8", "q4"):
+            return _load_quantized(dtype, model_dir, max_length, tokenizer, cache_dir)
         return LlamaBackend.from_pretrained(model_dir, max_length=max_length)
     import torch
     from transformers import AutoModelForCausalLM
@@ -120,11 +120,14 @@ def _make_backend(model_dir: Path, backend: str, max_length: int | None, dtype: 
     return HFBackend(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), max_length=max_length)
 
 
-def _load_int8(model_dir: Path, max_length: int | None, tokenizer, cache_dir):
-    from paradecode.backends.int8_llama import load_int8
+def _load_quantized(dtype: str, model_dir: Path, max_length: int | None, tokenizer, cache_dir):
     from paradecode.models import cache_root
 
-    return load_int8(model_dir, max_length, calibration_ids(tokenizer), cache_root(cache_dir))
+    if dtype == "q4":
+        from paradecode.backends.q4_llama import load_q4 as load_quantized
+    else:
+        from paradecode.backends.int8_llama import load_int8 as load_quantized
+    return load_quantized(model_dir, max_length, calibration_ids(tokenizer), cache_root(cache_dir))
 
 
 class Model:

@@ -4,7 +4,7 @@ from paradecode.backends.base import Backend, ForwardOutput, causal_mask, tree_d
 from paradecode.backends.hf import HFBackend
 from paradecode.backends.llama import LlamaBackend
 
-DTYPES = ("fp32", "int8")  # weight formats a model can be loaded in: the checkpoint's fp32, or our int8 backend
+DTYPES = ("fp32", "int8", "q4")  # weight formats: the checkpoint's fp32, our int8 backend, a GGUF's own 4-bit blocks
 
 __all__ = ["Backend", "DTYPES", "ForwardOutput", "causal_mask", "tree_mask", "tree_depths", "HFBackend",
            "LlamaBackend"]

@@ -115,6 +115,11 @@ class Int8Linear:
     def wide(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
 
+    @property
+    def nbytes(self) -> int:
+        """Weight bytes a one-token product reads."""
+        return self.weight.numel()
+
     def parts(self) -> tuple:
         """What the native forward takes of a projection: (weight, step, fbgemm's packed weight, bias, precise)."""
         return self.weight, self.step, self._packed, self.bias, self.precise

@@ -193,7 +193,7 @@ class Int8LlamaBackend(LlamaBackend):
     def weight_bytes(self) -> int:
         """Bytes of weights a one-token forward reads: every int8 projection and the LM head."""
         linears = [getattr(layer, name) for layer in self._layers for name in PROJECTIONS] + [self._lm_head]
-        return sum(linear.weight.numel() for linear in linears)
+        return sum(linear.nbytes for linear in linears)
 
     def kernel_report(self) -> dict:
         """What the forward runs on here: the native build's int8 instruction set, the kernel per bucket and
@@ -332,27 +332,34 @@ class Int8LlamaBackend(LlamaBackend):
         return hidden * self._hidden_scale  # the final norm's output before the LM head's smoothing
 
 
-def load_int8(model_dir: Path, max_length: int | None, calibration: Sequence[Sequence[int]],
-              cache: Path) -> Int8LlamaBackend:
-    """The int8 backend of a Llama checkpoint folder; the quantized weights are kept in ``cache`` after the first
-    load (calibration and the weight clipping search take ~20 s, reading them back well under a second)."""
+def int8_state(model_dir: Path, calibration: Sequence[Sequence[int]], cache: Path) -> dict[str, torch.Tensor]:
+    """The int8 quantization of a Llama checkpoint folder (``Int8LlamaBackend.export_state``), kept in ``cache``
+    after the first load (calibration and the weight clipping search take ~20 s, reading them back well under a
+    second)."""
     from safetensors.torch import load_file, save_file
 
     weights = model_dir / "model.safetensors"
     key = hashlib.sha256(json.dumps([str(weights.resolve()), weights.stat().st_size, weights.stat().st_mtime_ns,
                                      FORMAT, [list(ids) for ids in calibration]]).encode()).hexdigest()[:16]
     path = cache / "int8" / f"{model_dir.name}-{key}.safetensors"
-    kernels = cache / "kernels"
     if path.is_file():
-        return Int8LlamaBackend.from_pretrained(model_dir, max_length, int8_state=load_file(path), kernel_cache=kernels)
+        return load_file(path)
     print(f"paradecode: quantizing {model_dir.name} to int8 (calibration and weight clipping, once, ~20 s) ...",
           file=sys.stderr, flush=True)
-    backend = Int8LlamaBackend.from_pretrained(model_dir, max_length, calibration=calibration, kernel_cache=kernels)
+    longest = max((len(ids) for ids in calibration), default=1)  # the calibration pass's cache, no longer
+    state = Int8LlamaBackend.from_pretrained(model_dir, longest, calibration=calibration, native=False).export_state()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_suffix(f".{os.getpid()}.tmp")
-        save_file(backend.export_state(), staging)
+        save_file(state, staging)
         staging.replace(path)
     except OSError:
         pass  # a read-only cache only costs the next load the same ~20 s
-    return backend
+    return state
+
+
+def load_int8(model_dir: Path, max_length: int | None, calibration: Sequence[Sequence[int]],
+              cache: Path) -> Int8LlamaBackend:
+    """The int8 backend of a Llama checkpoint folder (its quantized weights kept in ``cache``: ``int8_state``)."""
+    return Int8LlamaBackend.from_pretrained(model_dir, max_length, int8_state=int8_state(model_dir, calibration, cache),
+                                            kernel_cache=cache / "kernels")

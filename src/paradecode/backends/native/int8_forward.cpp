@@ -61,11 +61,14 @@ class Int8Forward {
   // The kernels this build and these weights offer (fbgemm only where PyTorch could prepack every weight).
   std::vector<std::string> kernels() const {
     std::vector<std::string> out = {kKernelNames[kOwn]};
-    bool fbgemm = static_cast<bool>(head_.packed);
+    bool fbgemm = static_cast<bool>(head_.packed), int8 = !head_.is_q4();
     for (const auto& layer : layers_)
-      for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) fbgemm &= static_cast<bool>(p->packed);
+      for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+        fbgemm &= static_cast<bool>(p->packed);
+        int8 &= !p->is_q4();
+      }
     if (fbgemm) out.push_back(kKernelNames[kFbgemm]);
-    out.push_back(kKernelNames[kIntMm]);
+    if (int8) out.push_back(kKernelNames[kIntMm]);  // torch._int_mm has no 4-bit form
     return out;
   }
 
@@ -171,7 +174,13 @@ class Int8Forward {
   }
 
  private:
+  // (weight, step, fbgemm packed or None, bias or None, precise), or ("q4", packed, n, k, bias or None).
   Projection projection(const py::tuple& parts) {
+    if (py::isinstance<py::str>(parts[0])) {
+      TORCH_CHECK(parts[0].cast<std::string>() == "q4" && parts.size() == 5, "unknown projection format");
+      auto bias = parts[4].is_none() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(parts[4].cast<at::Tensor>());
+      return make_q4_projection(parts[1].cast<at::Tensor>(), parts[2].cast<int64_t>(), parts[3].cast<int64_t>(), bias);
+    }
     auto bias = parts[3].is_none() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(parts[3].cast<at::Tensor>());
     return make_projection(parts[0].cast<at::Tensor>(), parts[1].cast<at::Tensor>(), parts[2], bias,
                            parts[4].cast<bool>());

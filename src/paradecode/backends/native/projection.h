@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_q4.h"
 #include "lanes.h"
 
 namespace paradecode {
@@ -56,10 +57,14 @@ struct Workspace {
   std::vector<int32_t> rowsum;   // [rows] sum of each quantized row
   std::vector<float> y;          // [rows, N] the GEMM's float output before the row scales
   std::vector<float> residual;   // [K] precise rows: what int8 missed
+  std::vector<float> group_scale;  // [rows, K / 32] 4-bit projections: each group's activation scale
+  std::vector<int32_t> group_sum;  // [rows, K / 32] and each group's sum of quantized activations
 };
 
-// One int8 projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row).
+// One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
+// checkpoint's 4-bit blocks (gemm_q4.h) against activations quantized per group of 32.
 struct Projection {
+  at::Tensor q4;        // the packed 4-bit weight (gemm_q4.h), uint8; undefined for an int8 projection
   at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)
   at::Tensor scale;     // [N] float32 step / 127
   at::Tensor own;       // paradecode's packed weight (gemm.h), uint8
@@ -70,13 +75,30 @@ struct Projection {
   int64_t n = 0, k = 0;
 
   int64_t out_features() const { return n; }
-  int64_t row_bytes() const { return packed_quads(k) * 4; }
+  bool is_q4() const { return q4.defined(); }
+  int64_t row_bytes() const { return is_q4() ? k : packed_quads(k) * 4; }
+  PackedQ4 q4_weights() const {
+    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols};
+  }
   PackedInt8 own_weights() const {
     return {own.data_ptr<uint8_t>(), own_scale.data_ptr<float>(), n, k, packed_quads(k), own_scale.size(0) / kBlockCols};
   }
 
   // Quantize every row of x [T, K] (twice when precise: the row, then what it missed) into ws.q / amax / rowsum.
   int64_t quantize(const float* x, int64_t t, Workspace& ws) const {
+    if (is_q4()) {  // per group of 32; the row scales are 1 (the GEMM's output is already scaled)
+      const int64_t groups = k / kQ4Group;
+      ws.q.resize(t * k);
+      ws.amax.assign(t, 1.f);
+      ws.group_scale.resize(t * groups);
+      ws.group_sum.resize(t * groups);
+      at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          q4_quantize_row(x + r * k, k, ws.q.data() + r * k, ws.group_scale.data() + r * groups,
+                          ws.group_sum.data() + r * groups);
+      });
+      return t;
+    }
     const int64_t rows = precise ? 2 * t : t, stride = row_bytes();
     ws.q.resize(rows * stride);
     ws.amax.resize(rows);
@@ -113,7 +135,15 @@ struct Projection {
   // ws.q rows -> ws.y [rows, N]: float(sum) * scale per column, by `kernel`.
   void multiply(Kernel kernel, int64_t rows, Workspace& ws) const {
     ws.y.resize(rows * n);
-    if (kernel == kFbgemm && packed) {
+    if (is_q4()) {  // one kernel for 4-bit weights, whichever the bucket's int8 kernel is
+      const PackedQ4 w = q4_weights();
+      const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group};
+      float* y = ws.y.data();
+      at::parallel_for(0, w.blocks, 1, [&](int64_t b0, int64_t b1) {
+        std::vector<float> spill(kMaxTileRows * kBlockCols);
+        q4_gemm(w, x, rows, y, n, b0, b1, spill.data());
+      });
+    } else if (kernel == kFbgemm && packed) {
       at::Tensor qf = at::empty({rows, k}, at::kFloat);
       float* dst = qf.data_ptr<float>();
       for (int64_t r = 0; r < rows; ++r)
@@ -205,6 +235,19 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
   p.packed = unwrap_packed(packed);
   if (bias) p.bias = bias->to(at::kFloat).contiguous();
   p.precise = precise;
+  return p;
+}
+
+// A 4-bit projection: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32).
+inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == q4_packed_bytes(n, k) &&
+                  k % kQ4Group == 0,
+              "a 4-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k) bytes, k a multiple of 32");
+  Projection p;
+  p.n = n;
+  p.k = k;
+  p.q4 = packed;
+  if (bias) p.bias = bias->to(at::kFloat).contiguous();
   return p;
 }
 

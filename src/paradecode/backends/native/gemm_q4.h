@@ -1,0 +1,238 @@
+// The 4-bit GEMM of the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 weight blocks, as stored, against
+// int8 activations quantized per group of 32 (no torch types: tests compile it alone for several CPUs).
+//
+// A Q4_1 block holds 32 weights of one output column as w = d * q + m (q in 0..15; Q4_0 is the case m = -8 d).
+// The activations of a row are quantized per group of the same 32 inputs: x ~ a * p (p in -127..127, a the
+// group's max |x| / 127). Then, per column n and group g,
+//   sum_k x_k w_k ~ a_g * (d * sum_k q_k p_k + m * sum_k p_k),
+// where both sums are exact integers (the unsigned nibbles times signed bytes of vpdpbusd). The float part is
+// three roundings per group in a fixed order (m * psum, then d * qsum + that, then a_g * that + the column's sum
+// so far), groups in order, so a row's result is the same bits whatever the tile shape, the number of rows in
+// the pass or the thread that computes it: the row exactness the speculative methods and batching rely on.
+//
+// Packed layout, per block of 16 output columns and per group of 32 inputs, 320 bytes:
+//   256 bytes: four 64-byte vectors j = 0..3, each [16 columns][4 bytes]; byte i of column c holds input
+//              8 j + i in its low nibble and input 8 j + 4 + i in its high nibble;
+//   32 bytes:  d of the 16 columns (IEEE half floats); 32 bytes: m of the 16 columns.
+// A block's groups follow each other, so one thread streams each block's bytes in order.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "gemm.h"
+#include "lanes.h"
+
+namespace paradecode {
+
+constexpr int64_t kQ4Group = 32;        // inputs per block of the checkpoint (and per activation scale)
+constexpr int64_t kQ4GroupBytes = 320;  // packed bytes per 16 columns x 32 inputs
+constexpr int64_t kQ4PrefetchGroups = 12;  // with several rows: ask for the weights this far ahead (~4 KiB)
+
+struct PackedQ4 {
+  const uint8_t* data;  // [blocks][groups][320]
+  int64_t n, k, groups, blocks;
+};
+
+inline int64_t q4_packed_bytes(int64_t n, int64_t k) {
+  return (n + kBlockCols - 1) / kBlockCols * (k / kQ4Group) * kQ4GroupBytes;
+}
+
+// The activations of one row, quantized per group: p (int8, k values), a (float per group), psum (int per group).
+struct Q4Rows {
+  const int8_t* p;
+  const float* scale;
+  const int32_t* sum;
+  int64_t p_stride, group_stride;  // bytes between rows of p; entries between rows of scale / sum
+};
+
+inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, int32_t psum, float& acc) {
+  acc = mul_add(a, mul_add(d, static_cast<float>(qsum), m * static_cast<float>(psum)), acc);
+}
+
+// MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms.
+template <int MR, int NB>
+inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, float* acc) {
+  const int64_t block_stride = w.groups * kQ4GroupBytes;
+  const uint8_t* base = w.data + (b0 * w.groups + g) * kQ4GroupBytes;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512i sums[MR][NB];
+  unroll<MR>([&](auto r) { unroll<NB>([&](auto b) { sums[r][b] = _mm512_setzero_si512(); }); });
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int j = 0; j < 4; ++j) {
+    __m512i lo[NB], hi[NB];
+    unroll<NB>([&](auto b) {
+      const __m512i v = _mm512_loadu_si512(base + b * block_stride + j * 64);
+      lo[b] = _mm512_and_si512(v, low);
+      hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    });
+    unroll<MR>([&](auto r) {
+      int32_t first, second;
+      const int8_t* p = x.p + r * x.p_stride + g * kQ4Group + 8 * j;
+      std::memcpy(&first, p, 4);
+      std::memcpy(&second, p + 4, 4);
+      const __m512i a_lo = _mm512_set1_epi32(first), a_hi = _mm512_set1_epi32(second);
+      unroll<NB>([&](auto b) {
+        sums[r][b] = _mm512_dpbusd_epi32(sums[r][b], lo[b], a_lo);
+        sums[r][b] = _mm512_dpbusd_epi32(sums[r][b], hi[b], a_hi);
+      });
+    });
+  }
+  unroll<NB>([&](auto b) {
+    const uint8_t* scales = base + b * block_stride + 256;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+    unroll<MR>([&](auto r) {
+      const __m512 a = _mm512_set1_ps(x.scale[r * x.group_stride + g]);
+      const __m512 psum = _mm512_set1_ps(static_cast<float>(x.sum[r * x.group_stride + g]));
+      const __m512 term = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums[r][b]), _mm512_mul_ps(m, psum));
+      float* out = acc + (r * NB + b) * kBlockCols;
+      _mm512_storeu_ps(out, _mm512_fmadd_ps(a, term, _mm512_loadu_ps(out)));
+    });
+  });
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  __m256i sums[MR][2 * NB];  // two halves of 8 columns per block
+  unroll<MR>([&](auto r) { unroll<2 * NB>([&](auto b) { sums[r][b] = _mm256_setzero_si256(); }); });
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int j = 0; j < 4; ++j) {
+    __m256i lo[2 * NB], hi[2 * NB];
+    unroll<2 * NB>([&](auto b) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + (b / 2) * block_stride + j * 64 + (b % 2) * 32));
+      lo[b] = _mm256_and_si256(v, low);
+      hi[b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    });
+    unroll<MR>([&](auto r) {
+      int32_t first, second;
+      const int8_t* p = x.p + r * x.p_stride + g * kQ4Group + 8 * j;
+      std::memcpy(&first, p, 4);
+      std::memcpy(&second, p + 4, 4);
+      const __m256i a_lo = _mm256_set1_epi32(first), a_hi = _mm256_set1_epi32(second);
+      unroll<2 * NB>([&](auto b) {  // nibble x byte pairs stay within int16 (2 * 15 * 127)
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[b], a_lo), _mm256_maddubs_epi16(hi[b], a_hi));
+        sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_madd_epi16(pairs, ones));
+      });
+    });
+  }
+  unroll<2 * NB>([&](auto b) {
+    const uint8_t* scales = base + (b / 2) * block_stride + 256 + (b % 2) * 16;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+    unroll<MR>([&](auto r) {
+      const __m256 a = _mm256_set1_ps(x.scale[r * x.group_stride + g]);
+      const __m256 psum = _mm256_set1_ps(static_cast<float>(x.sum[r * x.group_stride + g]));
+      const __m256 term = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[r][b]), _mm256_mul_ps(m, psum));
+      float* out = acc + (r * NB) * kBlockCols + b * 8;
+      _mm256_storeu_ps(out, _mm256_fmadd_ps(a, term, _mm256_loadu_ps(out)));
+    });
+  });
+#else
+  for (int64_t r = 0; r < MR; ++r) {
+    const int8_t* p = x.p + r * x.p_stride + g * kQ4Group;
+    const float a = x.scale[r * x.group_stride + g];
+    const int32_t psum = x.sum[r * x.group_stride + g];
+    for (int64_t b = 0; b < NB; ++b) {
+      const uint8_t* block = base + b * block_stride;
+      for (int64_t c = 0; c < kBlockCols; ++c) {
+        int32_t qsum = 0;
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = block[j * 64 + c * 4 + i];
+            qsum += (byte & 0x0f) * p[8 * j + i] + (byte >> 4) * p[8 * j + 4 + i];
+          }
+        half dh, mh;
+        std::memcpy(&dh, block + 256 + 2 * c, 2);
+        std::memcpy(&mh, block + 288 + 2 * c, 2);
+        q4_finish_scalar(from_half(dh), from_half(mh), qsum, a, psum, acc[(r * NB + b) * kBlockCols + c]);
+      }
+    }
+  }
+#endif
+}
+
+// NB blocks from b0 for `rows` rows (<= kMaxTileRows): y[r * y_stride + c] for the tile's 16 * NB columns.
+template <int MR, int NB>
+inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride) {
+  alignas(64) float acc[kMaxTileRows * NB * kBlockCols];
+  std::fill(acc, acc + rows * NB * kBlockCols, 0.f);
+  const int64_t block_stride = w.groups * kQ4GroupBytes;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    if (rows > 1) {  // past the end: the next tile's weights, which this thread reads next
+      const uint8_t* ahead = w.data + (b0 * w.groups + g + kQ4PrefetchGroups) * kQ4GroupBytes;
+      for (int b = 0; b < NB; ++b)
+        for (int64_t off = 0; off < kQ4GroupBytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
+    }
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR) {
+      const Q4Rows part{x.p + r * x.p_stride, x.scale + r * x.group_stride, x.sum + r * x.group_stride, x.p_stride,
+                        x.group_stride};
+      q4_tile<MR, NB>(w, b0, g, part, acc + r * NB * kBlockCols);
+    }
+    for (; r < rows; ++r) {
+      const Q4Rows part{x.p + r * x.p_stride, x.scale + r * x.group_stride, x.sum + r * x.group_stride, x.p_stride,
+                        x.group_stride};
+      q4_tile<1, NB>(w, b0, g, part, acc + r * NB * kBlockCols);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(acc + r * NB * kBlockCols, acc + (r + 1) * NB * kBlockCols, y + r * y_stride);
+}
+
+template <int MR, int NB>
+inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
+                     int64_t b1, float* spill) {
+  const int64_t full = std::min(b1, w.n / kBlockCols);  // blocks whose 16 columns all exist
+  int64_t b = b0;
+  for (; b + NB <= full; b += NB) q4_blocks<MR, NB>(w, b, x, rows, y + b * kBlockCols, y_stride);
+  for (; b < full; ++b) q4_blocks<MR, 1>(w, b, x, rows, y + b * kBlockCols, y_stride);
+  if (b < b1) {  // the partial last block
+    q4_blocks<MR, 1>(w, b, x, rows, spill, kBlockCols);
+    const int64_t cols = w.n - b * kBlockCols;
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(spill + r * kBlockCols, spill + r * kBlockCols + cols, y + r * y_stride + b * kBlockCols);
+  }
+}
+
+// Tile shapes: one row streams 8 blocks (16 nibble vectors and 8 sums in registers); more rows take 4 x 4 with
+// AVX-512 (16 sums + 8 nibble vectors), 2 x 2 blocks on 256-bit code.
+#if defined(__AVX512F__)
+constexpr int kQ4OneRowBlocks = 8, kQ4TileRows = 4, kQ4TileBlocks = 4;
+#elif defined(__AVX2__)
+constexpr int kQ4OneRowBlocks = 2, kQ4TileRows = 2, kQ4TileBlocks = 2;
+#else
+constexpr int kQ4OneRowBlocks = 1, kQ4TileRows = 1, kQ4TileBlocks = 1;
+#endif
+
+// The columns of blocks [b0, b1) for rows [0, rows): y[r * y_stride + col] for col < n (a partial last block
+// goes through `spill`, 16 * kMaxTileRows floats).
+inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
+                    int64_t b1, float* spill) {
+  if (rows == 1) return q4_range<1, kQ4OneRowBlocks>(w, x, 1, y, y_stride, b0, b1, spill);
+  for (int64_t first = 0; first < rows; first += kMaxTileRows) {
+    const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);
+    const Q4Rows part{x.p + first * x.p_stride, x.scale + first * x.group_stride, x.sum + first * x.group_stride,
+                      x.p_stride, x.group_stride};
+    q4_range<kQ4TileRows, kQ4TileBlocks>(w, part, n_rows, y + first * y_stride, y_stride, b0, b1, spill);
+  }
+}
+
+// One row's activations quantized per group of 32 (k a multiple of 32): p, a per group, sum of p per group.
+// Rounds to nearest even, as the int8 path does; a group of zeros gets a = 0 and p = 0.
+inline void q4_quantize_row(const float* x, int64_t k, int8_t* p, float* scale, int32_t* sum) {
+  for (int64_t g = 0; g < k / kQ4Group; ++g) {
+    const float* xs = x + g * kQ4Group;
+    const float amax = abs_max(xs, kQ4Group);
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t total = 0;
+    for (int64_t i = 0; i < kQ4Group; ++i) {
+      const int32_t v = static_cast<int32_t>((xs[i] * inv + kRound) - kRound);
+      p[g * kQ4Group + i] = static_cast<int8_t>(v);
+      total += v;
+    }
+    scale[g] = amax / 127.f;
+    sum[g] = total;
+  }
+}
+
+}  // namespace paradecode

@@ -1,0 +1,160 @@
+"""4-bit projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 weight blocks, run as stored.
+
+The int8 dtype dequantizes a 4-bit checkpoint and quantizes it again per output channel, which adds error and
+reads ~1.4x the bytes per token. ``q4`` keeps the checkpoint's blocks (32 weights of one output column as
+``w = d q + m``, ``q`` in 0..15; Q4_0 is ``m = -8 d``) and multiplies them against activations quantized per
+group of the same 32 inputs (``backends/native/gemm_q4.h``: exact integer sums per group, then a fixed order of
+float steps, so every row stays exact whatever else is in the pass). The LM head (the embedding, Q8_0 in the
+shipped SmolLM2 file) stays the int8 backend's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from paradecode.errors import ParadecodeError
+
+GROUP = 32  # weights per block of the checkpoint, and inputs per activation scale
+GROUP_BYTES = 320  # packed bytes per 16 output columns x 32 inputs (gemm_q4.h)
+BLOCK_COLS = 16
+BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20}  # bytes per 32 weights: d (fp16) [, m (fp16)], 16 bytes of nibbles
+FORMAT = 1  # bump when the packed layout changes meaning
+
+
+@dataclass
+class Blocks:
+    """A weight [n, k] as 4-bit blocks: q [n, k] uint8 (0..15), d and m [n, k / 32] float16."""
+
+    q: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        """[n, k] float32: d q + m per block, as gguf computes it."""
+        n, k = self.shape
+        q = self.q.float().reshape(n, k // GROUP, GROUP)
+        return (self.d.float()[..., None] * q + self.m.float()[..., None]).reshape(n, k)
+
+    def rows(self, index: torch.Tensor) -> Blocks:
+        return Blocks(self.q[index], self.d[index], self.m[index])
+
+    @staticmethod
+    def cat(parts: list[Blocks]) -> Blocks:
+        return Blocks(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), torch.cat([p.m for p in parts]))
+
+
+def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
+    """A GGUF tensor's bytes ([n, k / 32 * block bytes] uint8) of type ``kind`` -> its blocks."""
+    size = BLOCK_LAYOUTS[kind]
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GROUP, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if kind == "Q4_1":
+        m, nibbles = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
+    else:
+        m, nibbles = (d.astype(np.float32) * -8).astype(np.float16), blocks[..., 2:]  # -8 d is exact in half floats
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(n, k)  # weight i low, weight i + 16 high
+    return Blocks(torch.from_numpy(q.copy()), torch.from_numpy(d.copy()), torch.from_numpy(m.copy()))
+
+
+def pack(blocks: Blocks) -> torch.Tensor:
+    """The native kernel's layout (gemm_q4.h): per 16 columns and 32 inputs, 256 bytes of nibbles (vector j,
+    column c, byte i: input 8j+i low, 8j+4+i high), then the 16 columns' d and m as half floats."""
+    n, k = blocks.shape
+    columns = -(-n // BLOCK_COLS) * BLOCK_COLS
+    groups = k // GROUP
+    q = torch.zeros(columns, k, dtype=torch.uint8)
+    q[:n] = blocks.q
+    d = torch.zeros(columns, groups, dtype=torch.float16)
+    m = torch.zeros(columns, groups, dtype=torch.float16)
+    d[:n], m[:n] = blocks.d, blocks.m
+    b = columns // BLOCK_COLS
+    q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
+    nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [block, column, group, j, i]
+    nibbles = nibbles.permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
+    scales = [x.reshape(b, BLOCK_COLS, groups).permute(0, 2, 1).contiguous().view(torch.uint8) for x in (d, m)]
+    return torch.cat([nibbles, *scales], dim=2).reshape(-1).contiguous()
+
+
+@dataclass
+class Q4Linear:
+    """A projection on 4-bit blocks; runs in the native forward only (``parts``)."""
+
+    packed: torch.Tensor  # uint8, gemm_q4.h's layout
+    n: int
+    k: int
+    bias: torch.Tensor | None = None
+
+    @classmethod
+    def from_blocks(cls, blocks: Blocks, bias: torch.Tensor | None = None) -> Q4Linear:
+        n, k = blocks.shape
+        return cls(pack(blocks), n, k, None if bias is None else bias.float())
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel()
+
+    def parts(self) -> tuple:
+        """What the native forward takes of a 4-bit projection."""
+        return "q4", self.packed, self.n, self.k, self.bias
+
+
+def gguf_source(model_dir: Path) -> Path:
+    """The .gguf file a converted model folder came from (``models._convert_gguf`` records it)."""
+    record = model_dir / "paradecode.json"
+    try:
+        source = Path(json.loads(record.read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ParadecodeError(
+            f"dtype q4 runs a GGUF checkpoint's own 4-bit blocks, and {model_dir} was not converted from a .gguf "
+            "file: use --dtype int8 (or load the model's .gguf)."
+        ) from None
+    if not source.is_file():
+        raise ParadecodeError(f"dtype q4 reads the 4-bit blocks of {source}, which is gone: load that .gguf again.")
+    return source
+
+
+def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Blocks]]:
+    """Each layer's qkv, o, gate_up and down as 4-bit blocks in the Hugging Face row order (llama.cpp's
+    converter reorders the q and k rows for its RoPE; this undoes it, as transformers does)."""
+    from gguf import GGUFReader
+
+    tensors = {tensor.name: tensor for tensor in GGUFReader(str(path)).tensors}
+
+    def blocks(name: str) -> Blocks:
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise ParadecodeError(f"{path.name} has no tensor {name}: dtype q4 runs Llama-family GGUF files.")
+        kind = tensor.tensor_type.name
+        if kind not in BLOCK_LAYOUTS:
+            raise ParadecodeError(
+                f"dtype q4 runs Q4_0 and Q4_1 weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
+            )
+        k, n = (int(x) for x in tensor.shape[:2])
+        return decode(tensor.data, kind, n, k)
+
+    def unpermute(b: Blocks, groups: int) -> Blocks:
+        n = b.shape[0]
+        order = torch.arange(n).reshape(groups, n // groups // 2, 2).transpose(1, 2).reshape(n)
+        return b.rows(order)
+
+    layers = []
+    for i in range(num_layers):
+        name = f"blk.{i}.{{}}.weight"
+        q = unpermute(blocks(name.format("attn_q")), heads)
+        k = unpermute(blocks(name.format("attn_k")), kv_heads)
+        layers.append(dict(
+            qkv=Blocks.cat([q, k, blocks(name.format("attn_v"))]),
+            o=blocks(name.format("attn_output")),
+            gate_up=Blocks.cat([blocks(name.format("ffn_gate")), blocks(name.format("ffn_up"))]),
+            down=blocks(name.format("ffn_down")),
+        ))
+    return layers

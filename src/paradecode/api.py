@@ -32,7 +32,7 @@ from paradecode.text import OutputText
 
 BACKENDS = ("auto", "llama", "hf")
 BATCH_CACHE_MB = 1024  # the shared cache of concurrent requests (Model.batcher), by default
-DTYPES = ("auto", *BACKEND_DTYPES)  # auto: int8 where its measured quality passes the bar (models.default_dtype)
+DTYPES = ("auto", *BACKEND_DTYPES)  # auto: the model's quantized default where its quality passes the bar (models.default_dtype)
 
 
 @dataclass

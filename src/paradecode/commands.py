@@ -82,7 +82,8 @@ def add_commands(commands) -> None:
         description="Time one forward pass over T new tokens after a 256-token context, for each dtype, on this "
                     "machine: the cost curve that decides how many draft tokens are worth verifying.")
     add_model_arguments(profile, DEFAULT_MODEL)
-    profile.add_argument("--dtypes", default="fp32,int8", help="comma-separated dtypes to profile (default: fp32,int8)")
+    profile.add_argument("--dtypes", default="fp32,int8",
+                         help="comma-separated dtypes to profile (default: fp32,int8; q4 for a GGUF model)")
     profile.add_argument("--sizes", default="1,2,4,8,16,32", help="token counts T (default: 1,2,4,8,16,32)")
     profile.add_argument("--context", type=int, default=256, help="cached tokens before each pass (default: 256)")
     profile.add_argument("--repeats", type=int, default=15, help="timed passes per T; the median is kept (default: 15)")
@@ -99,7 +100,8 @@ def add_commands(commands) -> None:
                     "the share of positions whose argmax equals fp32's, for each dtype. The figures are kept in "
                     "the model cache and shown by `paradecode models`.")
     add_model_arguments(quality, DEFAULT_MODEL)
-    quality.add_argument("--dtypes", default="int8", help="comma-separated dtypes to compare with fp32 (default: int8)")
+    quality.add_argument("--dtypes", default="int8",
+                         help="comma-separated dtypes to compare with fp32 (default: int8; q4 for a GGUF model)")
     quality.add_argument("--texts", type=int, default=12, help="passages to score (default: 12)")
     quality.add_argument("--max-tokens", type=int, default=512, help="tokens kept per passage (default: 512)")
     quality.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -118,7 +118,11 @@ async def run_level(client, args, clients: int, expected: dict[str, str]) -> dic
 async def run(args) -> dict:
     """All levels of ``args.clients`` against ``args.url``; returns the report (``levels``: one dict each)."""
     levels = args.clients if isinstance(args.clients, list) else parse_clients(args.clients)
-    client = openai.AsyncOpenAI(base_url=f"{args.url}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
+    # Two retries of a request that got no response: llama-server (cpp-httplib) closes a kept-alive connection
+    # after 5 s idle or 100 requests, and a request sent on it as it closes fails with "Connection error" before
+    # the server sees it (every level then failed there, at 1 client already). A retry only resends what never
+    # arrived; a request that fails again still fails the level.
+    client = openai.AsyncOpenAI(base_url=f"{args.url}/v1", api_key="unused", max_retries=2, timeout=args.timeout)
     try:
         if args.model is None:
             args.model = (await client.models.list()).data[0].id

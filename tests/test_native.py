@@ -14,13 +14,12 @@ from paradecode.backends import native
 from paradecode.backends.base import tree_depths, tree_mask
 from paradecode.backends.int8_llama import BUCKETS, PAGE, Int8LlamaBackend
 from paradecode.profile import measure_stages
-from tiny import run, tiny_model_dir
+from tiny import TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes, one_by_one, run, tiny_model_dir
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
 VOCAB = 64
 CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
-TREE_PARENTS = [-1, 0, 0, 1, 2, -1, 5]
 # head_dim 8 runs only the scalar tails; head_dim 72 runs the 64-wide vector body, a 16-wide chunk and a tail,
 # and an intermediate size of 100 leaves a tail after the 16-lane loops; six query heads on one kv head are
 # scored in bands of four and two.
@@ -30,13 +29,7 @@ SHAPES = {"narrow": dict(hidden_size=32, num_attention_heads=4, num_key_value_he
 
 
 def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, num_hidden_layers=3, max_position_embeddings=256,
-                                      tie_word_embeddings=False, **SHAPES[shape])
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)  # sharp logits: greedy choices that do not hinge on a last bit
-    return model
+    return shaped_llama(seed, SHAPES[shape], VOCAB)
 
 
 def int8_backend(seed: int = 0, shape: str = "wide") -> Int8LlamaBackend:
@@ -45,10 +38,6 @@ def int8_backend(seed: int = 0, shape: str = "wide") -> Int8LlamaBackend:
 
 def tokens(n: int, seed: int) -> torch.Tensor:
     return torch.randint(VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def one_by_one(backend: Int8LlamaBackend, ids: torch.Tensor) -> torch.Tensor:
-    return torch.stack([backend.forward(token.view(1)).logits[0] for token in ids])
 
 
 def test_the_native_kernels_build_and_the_int8_backend_uses_them():
@@ -78,22 +67,7 @@ def test_every_row_equals_its_one_token_pass_to_the_bit(shape, kernels):
     a 64-slot block of the attention's score loop."""
     backend = int8_backend(3, shape)
     use_kernels(backend, kernels)
-    prompt, chain = tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2)
-    backend.reset()
-    backend.forward(prompt[:20])
-    prefill = backend.forward(torch.cat((prompt[20:], chain))).logits[len(prompt) - 20:]
-    backend.rollback(len(prompt))
-    single = one_by_one(backend, chain)
-    assert torch.equal(prefill, single)
-    backend.rollback(len(prompt))
-    assert torch.equal(backend.forward(chain).logits, single)
-    backend.rollback(len(prompt))
-    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
-    tree = backend.forward(chain, positions, tree_mask(TREE_PARENTS, len(prompt))).logits
-    for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (6, [5, 6])]:
-        backend.rollback(len(prompt))
-        last = one_by_one(backend, chain[path])[-1]
-        assert torch.equal(tree[node], last), node
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
 
 
 def test_a_long_pass_is_exact_too_and_may_skip_the_lm_head():

@@ -32,9 +32,12 @@ TARGETS = {
     "sapphirerapids": "vpdpbusd",
     "znver4": "vpdpbusd",
 }
+# the 4-bit GEMM (gemm_q4.h) uses vpdpbusd with AVX512-VNNI only; AVX-VNNI targets take its AVX2 path
+Q4_TARGETS = {**TARGETS, "alderlake": "vpmaddubsw"}
 SOURCE = """
 #include "attention.h"
 #include "gemm.h"
+#include "gemm_q4.h"
 namespace paradecode {
 extern "C" __attribute__((noinline, flatten)) void check_scores(const LayerCache& c, const int32_t* p, const float* const* q,
                                                                  int64_t seen, float* s) {
@@ -46,6 +49,9 @@ extern "C" __attribute__((noinline, flatten)) void check_values(const LayerCache
 }
 extern "C" __attribute__((noinline, flatten)) void check_gemm(const PackedInt8& w, const int8_t* q, int32_t* sums) {
   gemm_tile<4, 4>(w, 0, q, 64, 0, w.kq, sums);
+}
+extern "C" __attribute__((noinline, flatten)) void check_q4(const PackedQ4& w, const Q4Rows& x, float* acc) {
+  q4_tile<4, 4>(w, 0, 1, x, acc);
 }
 }
 """
@@ -97,3 +103,13 @@ def test_the_int8_gemm_uses_the_targets_integer_dot_product(target):
     instruction = TARGETS[march]
     assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in the GEMM tile"
     assert "imul" not in body, f"{march}: the GEMM tile multiplies scalars"
+
+
+def test_the_4bit_gemm_uses_the_targets_integer_dot_product_and_packed_float_steps(target):
+    march, assembly = target
+    body = function(assembly, "check_q4")
+    instruction = Q4_TARGETS[march]
+    assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in the 4-bit tile"
+    assert len(PACKED_FMA.findall(body)) >= 16, f"{march}: the 4-bit tile's per-group float steps are not packed"
+    assert not SCALAR_FMA.findall(body), f"{march}: the 4-bit tile's float steps run lane by lane"
+    assert body.count("imul") <= 4, f"{march}: the 4-bit tile multiplies scalars (beyond a few for addresses)"

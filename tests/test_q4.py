@@ -12,19 +12,17 @@ import transformers
 from gguf import GGMLQuantizationType, quants
 
 from paradecode.backends import native, q4
-from paradecode.backends.base import tree_depths, tree_mask
 from paradecode.backends.int8_llama import Int8LlamaBackend
 from paradecode.backends.llama import LlamaBackend
 from paradecode.backends.q4_llama import Q4LlamaBackend
 from paradecode.backends.sequences import Batcher
 from paradecode.errors import ParadecodeError
-from tiny import run
+from tiny import TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes, run
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
 VOCAB = 64
 CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
-TREE_PARENTS = [-1, 0, 0, 1, 2, -1, 5]
 # "small": one group of 32 inputs, qkv of 40 rows (a partial 16-column block), gate_up of 192 rows (an 8-block
 # tile and single blocks), down over 3 groups; "deep": 4 groups per row, head_dim 64.
 SHAPES = {"small": dict(hidden_size=32, num_attention_heads=8, num_key_value_heads=1, intermediate_size=96),
@@ -33,13 +31,7 @@ KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1}
 
 
 def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, num_hidden_layers=3, max_position_embeddings=256,
-                                      tie_word_embeddings=False, **SHAPES[shape])
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)  # sharp logits: greedy choices that do not hinge on a last bit
-    return model
+    return shaped_llama(seed, SHAPES[shape], VOCAB)
 
 
 def blocks_of(weight: torch.Tensor, kind: str = "Q4_1") -> q4.Blocks:
@@ -69,10 +61,6 @@ def q4_backend(seed: int = 0, shape: str = "small", kind: str = "Q4_1") -> Q4Lla
 
 def tokens(n: int, seed: int) -> torch.Tensor:
     return torch.randint(VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def one_by_one(backend, ids: torch.Tensor) -> torch.Tensor:
-    return torch.stack([backend.forward(token.view(1)).logits[0] for token in ids])
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -134,21 +122,7 @@ def test_the_q4_forward_computes_the_blocks_model(kind):
 def test_every_q4_row_equals_its_one_token_pass_to_the_bit(shape):
     """A long pass, a causal chain and a tree give each row what a one-token forward gives it later."""
     backend = q4_backend(3, shape)
-    prompt, chain = tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2)
-    backend.reset()
-    backend.forward(prompt[:20])
-    prefill = backend.forward(torch.cat((prompt[20:], chain))).logits[len(prompt) - 20:]
-    backend.rollback(len(prompt))
-    single = one_by_one(backend, chain)
-    assert torch.equal(prefill, single)
-    backend.rollback(len(prompt))
-    assert torch.equal(backend.forward(chain).logits, single)
-    backend.rollback(len(prompt))
-    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
-    tree = backend.forward(chain, positions, tree_mask(TREE_PARENTS, len(prompt))).logits
-    for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (6, [5, 6])]:
-        backend.rollback(len(prompt))
-        assert torch.equal(tree[node], one_by_one(backend, chain[path])[-1]), node
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
 
 
 @pytest.mark.parametrize("method", ["ngram", "pld", "pld-tree", "jacobi", "lookahead"])

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 import transformers
 
+from paradecode.backends.base import tree_depths, tree_mask
 from paradecode.backends.int8_llama import Int8LlamaBackend
 from paradecode.backends.llama import LlamaBackend
 from paradecode.config import GenerationConfig, SamplingConfig
@@ -30,6 +31,18 @@ def tiny_llama(seed: int = 0, vocab: int = 48, layers: int = 2, sharp: float = 1
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(sharp)
+    return model
+
+
+def shaped_llama(seed: int, shape: dict, vocab: int = 64, layers: int = 3) -> transformers.LlamaForCausalLM:
+    """A random Llama of the given sizes (hidden_size, heads, kv heads, intermediate_size) with sharp logits:
+    greedy choices that do not hinge on a last bit."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=256,
+                                      tie_word_embeddings=False, **shape)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
     return model
 
 
@@ -138,3 +151,30 @@ def tiny_bytes_model_dir(path, seed: int = 0, vocab: int = 300):
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return path
+
+
+TREE_PARENTS = [-1, 0, 0, 1, 2, -1, 5]  # two roots; paths 0-1-3, 0-2-4 and 5-6
+
+
+def one_by_one(backend, ids: torch.Tensor) -> torch.Tensor:
+    """Each token's logits from a one-token forward of its own, in turn."""
+    return torch.stack([backend.forward(token.view(1)).logits[0] for token in ids])
+
+
+def assert_rows_equal_one_token_passes(backend, prompt: torch.Tensor, chain: torch.Tensor) -> None:
+    """A long pass (part of the prompt, then the chain), a causal chain and a tree over TREE_PARENTS give each
+    row the logits a one-token forward gives it later, to the bit."""
+    backend.reset()
+    backend.forward(prompt[:20])
+    prefill = backend.forward(torch.cat((prompt[20:], chain))).logits[len(prompt) - 20:]
+    backend.rollback(len(prompt))
+    single = one_by_one(backend, chain)
+    assert torch.equal(prefill, single)
+    backend.rollback(len(prompt))
+    assert torch.equal(backend.forward(chain).logits, single)
+    backend.rollback(len(prompt))
+    positions = len(prompt) - 1 + torch.tensor(tree_depths(TREE_PARENTS))
+    tree = backend.forward(chain, positions, tree_mask(TREE_PARENTS, len(prompt))).logits
+    for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (6, [5, 6])]:
+        backend.rollback(len(prompt))
+        assert torch.equal(tree[node], one_by_one(backend, chain[path])[-1]), node

@@ -200,19 +200,30 @@ constexpr int kOneRowBlocks = 4, kTileRows = 2, kTileBlocks = 2;
 constexpr int kOneRowBlocks = 1, kTileRows = 1, kTileBlocks = 1;
 #endif
 
-template <int MR, int NB>
-inline void gemm_range(const PackedInt8& w, const int8_t* q, int64_t q_stride, const int32_t* rowsum, int64_t rows,
-                       float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill) {
-  const int64_t full = std::min(b1, w.n / kBlockCols);  // blocks whose 16 columns all exist
+// Blocks [b0, b1) of an n-column output for `rows` rows, NB at a time and then one at a time:
+// run(std::integral_constant<int, nb>, first block, out, out_stride) computes nb blocks into out; the partial last
+// block (fewer than 16 columns) goes through `spill` (16 * kMaxTileRows floats) and only its columns are copied.
+template <int NB, class Run>
+inline void for_blocks(int64_t n, int64_t rows, float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill,
+                       Run&& run) {
+  const int64_t full = std::min(b1, n / kBlockCols);  // blocks whose 16 columns all exist
   int64_t b = b0;
-  for (; b + NB <= full; b += NB) gemm_blocks<MR, NB>(w, b, q, q_stride, rowsum, rows, y + b * kBlockCols, y_stride);
-  for (; b < full; ++b) gemm_blocks<MR, 1>(w, b, q, q_stride, rowsum, rows, y + b * kBlockCols, y_stride);
-  if (b < b1) {  // the partial last block
-    gemm_blocks<MR, 1>(w, b, q, q_stride, rowsum, rows, spill, kBlockCols);
-    const int64_t cols = w.n - b * kBlockCols;
+  for (; b + NB <= full; b += NB) run(std::integral_constant<int, NB>{}, b, y + b * kBlockCols, y_stride);
+  for (; b < full; ++b) run(std::integral_constant<int, 1>{}, b, y + b * kBlockCols, y_stride);
+  if (b < b1) {
+    run(std::integral_constant<int, 1>{}, b, spill, kBlockCols);
+    const int64_t cols = n - b * kBlockCols;
     for (int64_t r = 0; r < rows; ++r)
       std::copy(spill + r * kBlockCols, spill + r * kBlockCols + cols, y + r * y_stride + b * kBlockCols);
   }
+}
+
+template <int MR, int NB>
+inline void gemm_range(const PackedInt8& w, const int8_t* q, int64_t q_stride, const int32_t* rowsum, int64_t rows,
+                       float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill) {
+  for_blocks<NB>(w.n, rows, y, y_stride, b0, b1, spill, [&](auto nb, int64_t b, float* out, int64_t stride) {
+    gemm_blocks<MR, decltype(nb)::value>(w, b, q, q_stride, rowsum, rows, out, stride);
+  });
 }
 
 // The columns of blocks [b0, b1) for rows [0, rows): y[r * y_stride + col] for col < n (a partial last block

@@ -47,6 +47,13 @@ struct Q4Rows {
   int64_t p_stride, group_stride;  // bytes between rows of p; entries between rows of scale / sum
 };
 
+// The activations that meet nibble vector j of group g: inputs 8j..8j+3 (low nibbles) and 8j+4..8j+7 (high).
+inline void q4_quads(const Q4Rows& x, int64_t r, int64_t g, int j, int32_t& low, int32_t& high) {
+  const int8_t* p = x.p + r * x.p_stride + g * kQ4Group + 8 * j;
+  std::memcpy(&low, p, 4);
+  std::memcpy(&high, p + 4, 4);
+}
+
 inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, int32_t psum, float& acc) {
   acc = mul_add(a, mul_add(d, static_cast<float>(qsum), m * static_cast<float>(psum)), acc);
 }
@@ -69,9 +76,7 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
     });
     unroll<MR>([&](auto r) {
       int32_t first, second;
-      const int8_t* p = x.p + r * x.p_stride + g * kQ4Group + 8 * j;
-      std::memcpy(&first, p, 4);
-      std::memcpy(&second, p + 4, 4);
+      q4_quads(x, r, g, j, first, second);
       const __m512i a_lo = _mm512_set1_epi32(first), a_hi = _mm512_set1_epi32(second);
       unroll<NB>([&](auto b) {
         sums[r][b] = _mm512_dpbusd_epi32(sums[r][b], lo[b], a_lo);
@@ -105,9 +110,7 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
     });
     unroll<MR>([&](auto r) {
       int32_t first, second;
-      const int8_t* p = x.p + r * x.p_stride + g * kQ4Group + 8 * j;
-      std::memcpy(&first, p, 4);
-      std::memcpy(&second, p + 4, 4);
+      q4_quads(x, r, g, j, first, second);
       const __m256i a_lo = _mm256_set1_epi32(first), a_hi = _mm256_set1_epi32(second);
       unroll<2 * NB>([&](auto b) {  // nibble x byte pairs stay within int16 (2 * 15 * 127)
         const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[b], a_lo), _mm256_maddubs_epi16(hi[b], a_hi));
@@ -182,16 +185,9 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
 template <int MR, int NB>
 inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
                      int64_t b1, float* spill) {
-  const int64_t full = std::min(b1, w.n / kBlockCols);  // blocks whose 16 columns all exist
-  int64_t b = b0;
-  for (; b + NB <= full; b += NB) q4_blocks<MR, NB>(w, b, x, rows, y + b * kBlockCols, y_stride);
-  for (; b < full; ++b) q4_blocks<MR, 1>(w, b, x, rows, y + b * kBlockCols, y_stride);
-  if (b < b1) {  // the partial last block
-    q4_blocks<MR, 1>(w, b, x, rows, spill, kBlockCols);
-    const int64_t cols = w.n - b * kBlockCols;
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy(spill + r * kBlockCols, spill + r * kBlockCols + cols, y + r * y_stride + b * kBlockCols);
-  }
+  for_blocks<NB>(w.n, rows, y, y_stride, b0, b1, spill, [&](auto nb, int64_t b, float* out, int64_t stride) {
+    q4_blocks<MR, decltype(nb)::value>(w, b, x, rows, out, stride);
+  });
 }
 
 // Tile shapes: one row streams 8 blocks (16 nibble vectors and 8 sums in registers); more rows take 4 x 4 with

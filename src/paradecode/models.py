@@ -169,6 +169,16 @@ def _is_converted(folder: Path) -> bool:
     return (folder / "paradecode.json").is_file()
 
 
+def converted_from(folder: Path) -> Path | None:
+    """The .gguf file a converted model folder records as its source (``_convert_gguf``), or None where the folder
+    records none (a Hugging Face folder of one's own)."""
+    marker = Path(folder) / "paradecode.json"
+    if not marker.is_file():
+        return None
+    source = json.loads(marker.read_text()).get("source")
+    return Path(source) if source else None
+
+
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Read a GGUF with transformers, dequantize to fp32, save safetensors + tokenizer to ``out_dir``."""
     import torch
@@ -240,7 +250,7 @@ def cached_models(cache_dir: str | Path | None = None) -> list[dict]:
     if root.is_dir():
         for folder in sorted(root.iterdir()):
             if folder.name not in BUILTIN_MODELS and _is_converted(folder):
-                source = json.loads((folder / "paradecode.json").read_text()).get("source", "")
+                source = converted_from(folder) or ""
                 rows.append(dict(name=folder.name, description=f"converted from {source}", builtin=False,
                                  cached=True, size_mb=_size_mb(folder), path=str(folder)))
     return rows

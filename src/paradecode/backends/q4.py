@@ -10,7 +10,6 @@ shipped SmolLM2 file) stays the int8 backend's.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import torch
 from paradecode.errors import ParadecodeError
 
 GROUP = 32  # weights per block of the checkpoint, and inputs per activation scale
-GROUP_BYTES = 320  # packed bytes per 16 output columns x 32 inputs (gemm_q4.h)
 BLOCK_COLS = 16
 BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20}  # bytes per 32 weights: d (fp16) [, m (fp16)], 16 bytes of nibbles
 FORMAT = 1  # bump when the packed layout changes meaning
@@ -108,11 +106,14 @@ class Q4Linear:
 
 
 def gguf_source(model_dir: Path) -> Path:
-    """The .gguf file a converted model folder came from (``models._convert_gguf`` records it)."""
-    record = model_dir / "paradecode.json"
+    """The .gguf file a converted model folder came from (``models.converted_from``)."""
+    from paradecode.models import converted_from
+
     try:
-        source = Path(json.loads(record.read_text())["source"])
-    except (OSError, ValueError, KeyError, TypeError):
+        source = converted_from(model_dir)
+    except (OSError, ValueError, AttributeError):  # an unreadable or damaged record
+        source = None
+    if source is None:
         raise ParadecodeError(
             f"dtype q4 runs a GGUF checkpoint's own 4-bit blocks, and {model_dir} was not converted from a .gguf "
             "file: use --dtype int8 (or load the model's .gguf)."

@@ -13,7 +13,6 @@ commits. A figure a peer cannot observe is ``None`` (written as null), never gue
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -201,16 +200,12 @@ class HFDraft(_HFPeer):
 
 def gguf_path(model: Any) -> Path | None:
     """The GGUF file behind a loaded model: a built-in's wheel file, or the source a conversion recorded."""
-    from paradecode.models import BUILTIN_MODELS
+    from paradecode.models import BUILTIN_MODELS, converted_from
 
     if getattr(model, "name", None) in BUILTIN_MODELS:
         return BUILTIN_MODELS[model.name].gguf()
-    marker = Path(getattr(model, "model_dir", "")) / "paradecode.json"
-    if marker.is_file():
-        source = json.loads(marker.read_text()).get("source")
-        if source and Path(source).is_file():
-            return Path(source)
-    return None
+    source = converted_from(Path(getattr(model, "model_dir", "")))
+    return source if source is not None and source.is_file() else None
 
 
 from paradecode.benchmark import llamacpp  # noqa: E402,F401  (registers the llama.cpp peers)

@@ -213,22 +213,4 @@ inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, 
   }
 }
 
-// One row's activations quantized per group of 32 (k a multiple of 32): p, a per group, sum of p per group.
-// Rounds to nearest even, as the int8 path does; a group of zeros gets a = 0 and p = 0.
-inline void q4_quantize_row(const float* x, int64_t k, int8_t* p, float* scale, int32_t* sum) {
-  for (int64_t g = 0; g < k / kQ4Group; ++g) {
-    const float* xs = x + g * kQ4Group;
-    const float amax = abs_max(xs, kQ4Group);
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    int32_t total = 0;
-    for (int64_t i = 0; i < kQ4Group; ++i) {
-      const int32_t v = static_cast<int32_t>((xs[i] * inv + kRound) - kRound);
-      p[g * kQ4Group + i] = static_cast<int8_t>(v);
-      total += v;
-    }
-    scale[g] = amax / 127.f;
-    sum[g] = total;
-  }
-}
-
 }  // namespace paradecode

@@ -93,9 +93,13 @@ struct Projection {
       ws.group_scale.resize(t * groups);
       ws.group_sum.resize(t * groups);
       at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+        float qf[kQ4Group];
         for (int64_t r = r0; r < r1; ++r)
-          q4_quantize_row(x + r * k, k, ws.q.data() + r * k, ws.group_scale.data() + r * groups,
-                          ws.group_sum.data() + r * groups);
+          for (int64_t g = 0; g < groups; ++g) {  // each group of 32 inputs as the int8 rows are: p, a = amax / 127
+            const int64_t at = r * k + g * kQ4Group, group = r * groups + g;
+            ws.group_scale[group] = quantize_row(x + at, qf, kQ4Group) / 127.f;
+            ws.group_sum[group] = to_int8(qf, ws.q.data() + at, kQ4Group, kQ4Group);
+          }
       });
       return t;
     }

@@ -240,6 +240,19 @@ def test_a_crash_in_the_build_check_is_a_warning_not_a_dead_process(monkeypatch,
     assert not list((tmp_path / "cache").rglob("checked")), "a failed check must not mark the build as good"
 
 
+def test_the_build_check_runs_every_kernel_and_the_4bit_projections(monkeypatch):
+    """What the child runs before a build is trusted covers the 4-bit kernel too: a crash there ends the child."""
+    from paradecode.backends import q4
+
+    module = native.load()
+    calls = []
+    monkeypatch.setattr(native, "_compile", lambda *args: module)
+    original = q4.Q4Linear.from_blocks.__func__
+    monkeypatch.setattr(q4.Q4Linear, "from_blocks", classmethod(lambda cls, *a: calls.append(1) or original(cls, *a)))
+    native.check("key", "unused", "unused")  # in this process: the module is already built and loaded
+    assert len(calls) == 3  # qkv, o and gate_up of the 4-bit model
+
+
 def test_a_build_baton_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path):
     """PyTorch's builder waits for its `lock` file to go away; a build killed mid-way leaves it behind, and the
     next load (here: a fresh process, as the next command would be) must clear it, not wait forever."""

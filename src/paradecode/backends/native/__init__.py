@@ -84,7 +84,10 @@ def _compile(key: str, build_dir: Path, source: Path) -> ModuleType:
 
 
 def check(key: str, build_dir: str, source: str) -> None:
-    """Build, then one forward of a random one-layer model (int8 projections, attention, LM head)."""
+    """Build, then forwards of a random one-layer model (int8 projections, attention, LM head) on every kernel,
+    and of the same model with 4-bit projections (the q4 kernel)."""
+    from paradecode.backends import q4
+
     module = _compile(key, Path(build_dir), Path(source))
     torch.manual_seed(0)
     d, hd, heads, kv, inter, vocab, slots = 32, 16, 2, 1, 48, 11, 20
@@ -92,19 +95,31 @@ def check(key: str, build_dir: str, source: str) -> None:
     def projection(n: int, k: int, precise: bool = False) -> tuple:
         return torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5, None, None, precise
 
+    def projection_q4(n: int, k: int) -> tuple:
+        groups = k // q4.GROUP
+        blocks = q4.Blocks(torch.randint(0, 16, (n, k), dtype=torch.uint8), (torch.rand(n, groups) * 0.1).half(),
+                           (torch.rand(n, groups) * -0.1).half())
+        return q4.Q4Linear.from_blocks(blocks).parts()
+
     page = 16
-    forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
-                                 torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
-                                 torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
-    forward.add_layer(torch.ones(d), torch.ones(d), projection((heads + 2 * kv) * hd, d), projection(d, heads * hd),
-                      projection(2 * inter, d), projection(d, inter, precise=True))
-    forward.set_head(projection(vocab, d, precise=True))
     pages = torch.tensor([1, 0], dtype=torch.int32)
-    for kernel in forward.kernels():
-        forward.set_kernels([kernel] * 3)
-        _, logits = forward.forward(torch.tensor([1, 2, 3]), torch.arange(3), [(pages, 0, 3, None)], [0], True)
-        if not torch.isfinite(logits).all():
-            raise SystemExit(f"the native forward returned non-finite logits with the {kernel} kernel")
+
+    def stack(qkv, o, gate_up):
+        forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
+                                     torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
+                                     torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
+        forward.add_layer(torch.ones(d), torch.ones(d), qkv, o, gate_up, projection(d, inter, precise=True))
+        forward.set_head(projection(vocab, d, precise=True))
+        return forward
+
+    int8 = stack(projection((heads + 2 * kv) * hd, d), projection(d, heads * hd), projection(2 * inter, d))
+    four_bit = stack(projection_q4((heads + 2 * kv) * hd, d), projection_q4(d, heads * hd), projection_q4(2 * inter, d))
+    for forward, label in [(int8, "the {} kernel"), (four_bit, "4-bit projections and the {} kernel")]:
+        for kernel in forward.kernels():
+            forward.set_kernels([kernel] * 3)
+            _, logits = forward.forward(torch.tensor([1, 2, 3]), torch.arange(3), [(pages, 0, 3, None)], [0], True)
+            if not torch.isfinite(logits).all():
+                raise SystemExit(f"the native forward returned non-finite logits with {label.format(kernel)}")
 
 
 def _build(key: str) -> ModuleType | None:

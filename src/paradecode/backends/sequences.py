@@ -23,6 +23,7 @@ error. Closing a sequence returns its pages at once.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -246,8 +247,9 @@ class Batcher:
 _openmp_local = threading.local()
 
 
+@functools.cache
 def _libgomp():
-    """torch's OpenMP runtime where it is libgomp (already loaded by torch), else None."""
+    """torch's OpenMP runtime where it is libgomp (already loaded by torch), else None; looked up once."""
     try:
         import ctypes
 

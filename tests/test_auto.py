@@ -10,10 +10,15 @@ import json
 import time
 
 import pytest
+import torch
 
 from paradecode.drafters import auto as auto_module
+from paradecode.config import SamplingConfig
+from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.pld_tree import PromptLookupTreeDrafter
+from paradecode.drafters.tree import tree_parents
 from paradecode.registry import get_method, method_names
+from paradecode.verify.base import Verdict
 from tiny import PROMPTS, ChainOnly, run, tiny_backend
 
 
@@ -61,7 +66,57 @@ def test_auto_reports_its_choices():
     for step in stats.steps:
         assert step.info["auto"] in candidates and step.info["auto_reason"] in ("warmup", "best", "explore")
     warmup = [s.info["auto"] for s in stats.steps if s.info["auto_reason"] == "warmup"]
-    assert sorted(warmup) == sorted(candidates)  # one warm-up step each (the default)
+    peekable = {"ar", "pld", "pld-tree", "ngram"}
+    # an arm that cannot be peeked at gets one warm-up step (the default); a peekable one is measured by its
+    # peeks (a warm-up step only while none of them has been scored)
+    assert sorted(n for n in warmup if n not in peekable) == sorted(set(candidates) - peekable)
+    assert all(warmup.count(n) <= 1 for n in peekable)
+    assert all(candidates[n]["peeks"] + candidates[n]["steps"] > 0 for n in peekable)  # each measured
+    assert sum(candidates[n]["peeks"] for n in peekable) > 0
+
+
+def test_peeked_drafts_are_scored_by_what_greedy_verification_would_accept():
+    def peek(tokens, parents):
+        return auto_module._Peek("x", 0, Proposal(tokens=tokens, parents=tree_parents(parents)), 0.0)
+
+    chain = peek([5, 6, 7], [-1, 0, 1])
+    assert auto_module._accepted(chain, [5, 6, 9]) == 2
+    assert auto_module._accepted(chain, [4]) == 0  # the first token already differs
+    assert auto_module._accepted(chain, [5, 6]) is None  # the third token's turn has not come
+    assert auto_module._accepted(chain, [5, 6, 7]) == 3
+    assert auto_module._accepted(peek([], []), []) == 0  # ar
+    # a tree: 5 -> (6 -> 7 | 8), and 9 at the root
+    tree = peek([5, 9, 6, 8, 7], [-1, -1, 0, 0, 2])
+    assert auto_module._accepted(tree, [5, 8, 1]) == 2
+    assert auto_module._accepted(tree, [5, 6, 7]) == 3
+    assert auto_module._accepted(tree, [9, 1]) == 1
+    assert auto_module._accepted(tree, [5, 6]) is None  # node 7 may match next
+    assert auto_module._accepted(tree, [5, 4]) == 1
+
+
+@pytest.mark.parametrize("name", ["pld", "ngram", "pld-tree", "ar"])
+def test_a_peek_changes_nothing_the_drafter_proposes_after_it(monkeypatch, name):
+    """Peeking before every step leaves every proposal as it was; the peek is the proposal (a schedule that
+    does not time the machine, so the two runs are comparable step by step)."""
+    options = {} if name in ("pld-tree", "ar") else {"schedule": "heuristic"}
+    backend = tiny_backend(1, sharp=4.0)
+    plain, plain_stats = run(backend, name, PROMPTS[1], max_new_tokens=50, **options)
+    cls = get_method(name)
+    propose, peeked = cls.propose, []
+
+    def peek_then_propose(self, state):
+        seen = self.peek(state)
+        proposal = propose(self, state)
+        peeked.append(seen.tokens == proposal.tokens and seen.parents == proposal.parents)
+        return proposal
+
+    monkeypatch.setattr(cls, "propose", peek_then_propose)
+    got, stats = run(backend, name, PROMPTS[1], max_new_tokens=50, **options)
+    assert got == plain
+    assert [s.drafted for s in stats.steps] == [s.drafted for s in plain_stats.steps]
+    assert peeked and all(peeked)
+    if name != "ar":
+        assert any(s.drafted for s in stats.steps)  # the comparison covered real drafts
 
 
 def test_auto_with_a_draft_model_tries_the_draft_methods_and_stays_lossless():
@@ -144,6 +199,90 @@ def test_auto_picks_the_cheaper_drafter_when_drafts_are_the_same(monkeypatch, or
     assert report["candidates"]["fast"]["steps"] > 2 * report["candidates"]["slow"]["steps"]
 
 
+def started(options: dict, estimates: dict) -> "auto_module.AutoDrafter":
+    """An auto drafter that begins a request with ``estimates`` kept from earlier ones."""
+    drafter = get_method("auto").create(dict(options, persist=False))
+    store = {("auto", drafter.options): {"estimates": estimates}}
+    state = DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
+                        max_draft=8, method_state=store)
+    drafter.begin(state)
+    return drafter
+
+
+def rated(rate: float) -> "auto_module._Estimate":
+    return auto_module._Estimate(discounted_tokens=rate, discounted_seconds=1.0, steps=100)
+
+
+@pytest.mark.parametrize("pld_rate, choice", [(102.0, "ar"), (98.0, "ar"), (104.0, "pld")])
+def test_plain_decoding_wins_unless_a_drafter_beats_it_by_the_margin(pld_rate, choice):
+    drafter = started({"candidates": "ar,pld", "exploration": 0.0}, {"ar": rated(100.0), "pld": rated(pld_rate)})
+    assert drafter._choose() == (choice, "best")
+
+
+@pytest.mark.parametrize("jacobi_rate, choice", [(102.0, "pld"), (104.0, "jacobi")])
+def test_an_arm_that_cannot_be_peeked_at_must_beat_the_peeked_ones_by_the_margin(jacobi_rate, choice):
+    drafter = started({"candidates": "pld,jacobi", "exploration": 0.0},
+                      {"pld": rated(100.0), "jacobi": rated(jacobi_rate)})
+    assert drafter.arms["pld"].peekable and not drafter.arms["jacobi"].peekable
+    assert drafter._choose() == (choice, "best")
+
+
+def test_a_request_starts_from_a_share_of_the_kept_weight():
+    kept = auto_module._Estimate(discounted_tokens=40.0, discounted_seconds=0.25, steps=30)
+    drafter = started({"candidates": "ar,pld"}, {"ar": kept, "pld": auto_module._Estimate(8.0, 0.1, steps=4)})
+    assert drafter.arms["ar"].estimate is kept
+    carry = auto_module.AutoOptions().carry
+    assert 0 < carry < 1
+    assert kept.discounted_tokens == pytest.approx(40.0 * carry)  # a share of the weight, the same rate
+    assert kept.rate == pytest.approx(160.0) and kept.steps == 30
+
+
+def test_a_scored_peek_costs_its_drafting_a_fitted_step_over_its_rows_and_its_arms_excess():
+    drafter = started({"candidates": "ar,pld"}, {})
+    for _ in range(5):
+        drafter.curve.add(1, 0.010)
+        drafter.curve.add(3, 0.013)
+    pld = drafter.arms["pld"].estimate
+    pld.excess = 0.004  # what pld's own steps took beyond the curve
+    drafter.peeks = [auto_module._Peek("pld", 3, Proposal(tokens=[7, 8]), seconds=0.001)]
+    state = DecodeState(tokens=[2, 3, 4, 7, 9], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
+                        max_draft=8)
+    drafter._score_peeks(state)  # the text after position 3 is 7, 9: one draft token accepted, then the bonus
+    assert drafter.peeks == [] and drafter.arms["pld"].peeks == 1
+    assert pld.discounted_tokens == 2 and pld.steps == 1
+    assert pld.discounted_seconds == pytest.approx(0.001 + drafter.curve.predictions(3)[-1] + 0.004)
+    assert drafter.curve.predictions(3)[-1] == pytest.approx(0.013, rel=0.1)
+
+
+def test_an_arms_excess_is_what_its_own_steps_take_beyond_the_fitted_curve(monkeypatch):
+    drafter = started({"candidates": "ar,pld-tree"}, {})
+    for _ in range(10):
+        drafter.curve.add(3, 0.010)
+    ticks = iter([0.0, 0.0, 0.016])  # propose: start, drafted; observe: end (16 ms against a 10 ms step)
+    monkeypatch.setattr(auto_module.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(drafter, "_choose", lambda: ("pld-tree", "best"))
+    drafter.probing = False
+    arm = drafter.arms["pld-tree"]
+    monkeypatch.setattr(arm.drafter, "propose", lambda state: Proposal(tokens=[7, 8], parents=[-1, -1]))
+    state = DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
+                        max_draft=8)
+    drafter.propose(state)
+    state.tokens.append(5)
+    drafter.observe(state, Verdict([], [], next_token=5, bonus=False, committed_tokens=[5]))
+    assert arm.estimate.own_steps == 1  # the first own step sets the excess
+    assert arm.estimate.excess == pytest.approx(0.016 - drafter.curve.predictions(3)[-1], abs=1e-9)
+    assert arm.estimate.excess == pytest.approx(0.006, abs=0.0015)  # the step also moved the curve a little
+
+
+def test_bad_auto_options_are_clear_errors():
+    from paradecode.errors import ParadecodeError
+
+    for options, message in (({"margin": -0.1}, "margin must be >= 0"), ({"carry": 0}, "carry must be in"),
+                             ({"probe_every": -1}, "probe_every must be >= 0")):
+        with pytest.raises(ParadecodeError, match=message):
+            get_method("auto").create(options)
+
+
 def test_auto_rejects_bad_candidates():
     from paradecode.errors import ParadecodeError
 
@@ -183,21 +322,19 @@ def test_auto_keeps_its_estimates_across_requests_of_one_model(tmp_path):
     first = model.generate(PROMPTS[0], method="auto", max_new_tokens=30)
     assert first.token_ids == reference[0] and first.stats.info["auto"]["warm"] is False
     after_first = kept_estimates(model)
-    assert all(e.steps >= 1 and e.n > 0 for e in after_first.values())  # every arm warmed up
+    assert all(e.steps >= 1 and e.discounted_seconds > 0 for e in after_first.values())  # every arm warmed up
 
     second = model.generate(PROMPTS[1], method="auto", max_new_tokens=30)
     assert second.token_ids == reference[1]  # lossless, warm
     report = second.stats.info["auto"]
     assert report["warm"] is True
     assert all(s.info["auto_reason"] != "warmup" for s in second.stats.steps)  # no warm-up again
-    # The second request went on from the first's numbers: each arm's discounted step count is the first's,
-    # decayed once per step of the second, plus the second's own steps of that arm, each decayed since.
-    gamma, steps = auto_module.AutoOptions().decay, [s.info["auto"] for s in second.stats.steps]
+    # The second request went on from the first's numbers: each arm's count is the first's plus the second's
+    # own steps and scored peeks of that arm
     after_second = kept_estimates(model)
     for name, before in after_first.items():
-        own = sum(gamma ** (len(steps) - 1 - i) for i, arm in enumerate(steps) if arm == name)
-        assert after_second[name].n == pytest.approx(before.n * gamma ** len(steps) + own)
-        assert after_second[name].steps == before.steps + report["candidates"][name]["steps"]
+        own = report["candidates"][name]
+        assert after_second[name].steps == before.steps + own["steps"] + own["peeks"]
 
     fresh = tiny_model(tmp_path)  # another loaded model: cold without the kept file
     again = fresh.generate(PROMPTS[1], method="auto", max_new_tokens=30, options=dict(persist=False))

@@ -12,3 +12,6 @@ class AutoregressiveDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> Proposal:
         return Proposal()
+
+    def peek(self, state: DecodeState) -> Proposal:
+        return Proposal()

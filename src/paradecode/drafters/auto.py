@@ -9,15 +9,36 @@ A step slower than ``OUTLIER`` times the arm's fastest step so far counts as tha
 preempted step can take 100 times its cost, and one such step must not condemn an arm (the raw totals are
 reported unclipped).
 
-Choice: every arm first gets ``warmup`` steps in turn; after that the arm with the largest
+Peeks (greedy): measured only on its own steps, an arm is judged on the text it happened to run on, and the
+arms' rates are not comparable (the one chosen in a copying phase looks fast). So every ``probe_every`` steps
+each other *peekable* arm (one whose ``Drafter.peek`` says what it would propose without changing its state:
+``ar``, ``pld``, ``ngram``, ``pld-tree``) is asked for its draft as well. Once the text after it is committed,
+the peek is scored exactly as greedy verification would have scored it (the deepest draft node whose path
+matches the text; ``_accepted``) and counts for its arm as a step: accepted + 1 tokens, in the peek's own
+drafting time plus the time of a step over its rows, read from a cost curve fitted to this process's steps
+(``schedule.CostCurve``, shaped by the measured curve), plus the arm's *excess*, a moving mean of what its own
+steps took beyond that curve (a tree's mask and bookkeeping; negative for an arm cheaper than the average). So
+every peekable arm is measured on the same text, and the arm learns from the peek's verdict
+(``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
+(``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, and an arm under ``LAGGARD`` times the
+best rate only every ``LAGGARD_EVERY``-th time: on SmolLM2 peeking, scoring and choosing take ~1% of the decode
+time.
+
+Choice: an arm with fewer than ``warmup`` measured steps (peeks count) gets the step; after that the arm with
+the largest
     rate_a * (1 + exploration * sqrt(ln(sum_b n_b) / n_a))
-where n_a is the arm's discounted step count (UCB1 with a multiplicative, scale-free bonus); the bookkeeping
-is a few float operations a step. The discount's memory (1 / (1 - decay) steps, ~200 by default: a few
+where n_a is the arm's measured steps and peeks over its lifetime, kept across requests and processes
+(UCB1 with a multiplicative, scale-free bonus): an arm that cannot be peeked at (``jacobi``, ``lookahead``,
+``layerskip``) is tried again less and less often, a peekable arm hardly needs the bonus. The bookkeeping is
+a few float operations a step. The discount's memory (1 / (1 - decay) steps, ~200 by default: a few
 requests, since the estimates carry over) is long because one step's time is noisy (a step's tokens vary
 2x, a shared CPU stalls) while the arms' true rates differ by a few tens of per cent: with 0.98 (~50 steps)
 the estimates jittered past each other and ``auto`` spread its steps over arms up to 20% slower (Spec-Bench,
 26 questions: 0.91x of ``ngram`` against 0.94x with 0.995).
-The warm-up is the larger cost on short requests (one step of each arm, some of them slow).
+The warm-up is the larger cost on short requests (one step of each arm that cannot be peeked at).
+Plain decoding wins ties: a drafting arm is chosen only when its rate beats ``ar``'s by ``margin`` (3%), so
+where no drafter pays, noise in the estimates does not keep ``auto`` drafting at a loss; likewise an arm that
+cannot be peeked at (its estimate rests on fewer, noisier steps) must beat the peekable ones by the margin.
 
 Candidates: the ``candidates`` option, or every registered method in ``DEFAULT_CANDIDATES`` plus any class
 that declares ``training_free = True``; methods that need a draft model join only when ``draft_model`` is
@@ -32,28 +53,33 @@ decoding makes, so a seed repeats the same text whatever arms the timings pick.
 Across requests: with ``keep`` (the default) the estimates live in the loaded model's drafter store
 (``Model.method_state``, one per set of auto options), so the next request on the same model starts from the
 last one's discounted estimates and skips the warm-up for every arm that already has ``warmup`` measured
-steps. Across processes: with ``persist`` (the default, with ``keep``) they are also written after every
-request to a kept file in the cache folder (``paradecode.kept``: one per model, backend, dtype, set of auto
-options and machine, like the in-process store), and the first request of a fresh process with the same model,
-options and machine starts from them. ``summary()["auto"]`` says whether a request started warm and from where
-(``"request"``: an earlier request of this process, ``"cache"``: the kept file), and each arm's share of the
-steps and of the tokens.
+steps. A request starts from ``carry`` (half) of the kept weight: the estimates come from other text, and
+this request's own steps and peeks should soon outweigh them. Across processes: with ``persist`` (the default,
+with ``keep``) they are also written after every request to a kept file in the cache folder
+(``paradecode.kept``: one per model, backend, dtype, set of auto options and machine, like the in-process
+store), and the first request of a fresh process with the same model, options and machine starts from them.
+``summary()["auto"]`` says whether a request started warm and from where (``"request"``: an earlier request of
+this process, ``"cache"``: the kept file), and each arm's share of the steps and of the tokens.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
+from paradecode.drafters.schedule import CostCurve
 from paradecode.errors import ParadecodeError
 from paradecode.kept import KeptFile
 from paradecode.registry import get_method, method_names, register, resolve_drafter, takes_draft_model
 from paradecode.verify.base import Verdict
 
 DEFAULT_CANDIDATES = ("ar", "pld", "pld-tree", "ngram", "lookahead", "jacobi", "layerskip")
+LAGGARD, LAGGARD_EVERY = 0.85, 4  # an arm under 0.85x the best rate is peeked at every 4th round
+EXCESS_WEIGHT = 0.1  # of each own step in an arm's moving mean excess
 OUTLIER = 4.0  # a step counts as at most this many times the arm's fastest step (steps vary ~2x in tokens)
 
 
@@ -64,6 +90,10 @@ class AutoOptions:
     warmup: int = 1  # steps each candidate gets before the bandit chooses
     exploration: float = 0.25  # scale of the UCB bonus (0: always the best measured rate)
     decay: float = 0.995  # per-step discount of old measurements (a memory of ~200 steps)
+    margin: float = 0.03  # a drafting arm beats plain decoding (and an arm auto cannot peek at, a peekable one)
+    # only when its rate is this much higher
+    carry: float = 0.5  # share of the kept estimates' weight a new request starts from (its own text counts more)
+    probe_every: int = 4  # greedy: every this many steps, peek at each other peekable arm's draft (0: never)
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -74,17 +104,27 @@ class AutoOptions:
             raise ParadecodeError(f"auto option exploration must be >= 0, got {self.exploration}.")
         if not 0 < self.decay <= 1:
             raise ParadecodeError(f"auto option decay must be in (0, 1], got {self.decay}.")
+        if self.margin < 0:
+            raise ParadecodeError(f"auto option margin must be >= 0, got {self.margin}.")
+        if not 0 < self.carry <= 1:
+            raise ParadecodeError(f"auto option carry must be in (0, 1], got {self.carry}.")
+        if self.probe_every < 0:
+            raise ParadecodeError(f"auto option probe_every must be >= 0, got {self.probe_every}.")
 
 
 @dataclass
 class _Estimate:
     """What the bandit knows of one arm; kept across requests when the model keeps drafter state."""
 
-    n: float = 0.0  # discounted totals, for the choice
-    discounted_tokens: float = 0.0
+    discounted_tokens: float = 0.0  # discounted totals, for the choice
     discounted_seconds: float = 0.0
     fastest: float = math.inf  # fastest step so far, in seconds
-    steps: int = 0  # steps measured, over every request that shared this estimate
+    steps: int = 0  # steps and scored peeks measured, over every request that shared this estimate
+    # seconds the arm's own steps take beyond drafting and the fitted time of a step of their rows (a tree's
+    # mask and bookkeeping; negative for an arm cheaper than the average), a moving mean: added to the modelled
+    # time of its peeks
+    excess: float = 0.0
+    own_steps: int = 0  # the arm's own steps among them (the excess's)
 
     @property
     def rate(self) -> float:
@@ -100,10 +140,49 @@ class _Arm:
     tokens: int = 0
     seconds: float = 0.0
     stale: bool = False
+    peekable: bool = False  # its drafter's peek says what it would propose (auto scores that against the text)
+    peeks: int = 0  # peeks scored over the request, for the report
 
     @property
     def rate(self) -> float:
         return self.estimate.rate
+
+
+@dataclass
+class _Peek:
+    """An arm's draft at ``at`` tokens that no forward verified: scored once the text after ``at`` decides it."""
+
+    arm: str
+    at: int
+    proposal: Proposal
+    seconds: float  # the peek's own time: the arm's drafting
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.proposal.tokens
+
+    @property
+    def parents(self) -> list[int]:  # parent node of each token (-1: the root), parents first
+        return self.proposal.node_parents
+
+
+def _accepted(peek: _Peek, text: list[int]) -> int | None:
+    """How many of the peek's tokens greedy verification would have accepted, given the ``text`` that followed
+    (the deepest node whose path matches it); None while the text is too short to tell."""
+    depth: list[int] = []
+    matched: list[bool] = []
+    best, open_ = 0, False
+    for token, parent in zip(peek.tokens, peek.parents):
+        d = 1 if parent < 0 else depth[parent] + 1
+        depth.append(d)
+        reachable = parent < 0 or matched[parent]
+        if reachable and d > len(text):
+            open_ = True  # this node's turn in the text has not come yet
+        hit = reachable and d <= len(text) and text[d - 1] == token
+        matched.append(hit)
+        if hit:
+            best = max(best, d)
+    return None if open_ else best
 
 
 @register("auto")
@@ -127,7 +206,7 @@ class AutoDrafter(Drafter):
                 self.skipped[name] = str(error)
                 continue
             resync = not cls.observe_optional and cls.observe is not Drafter.observe
-            self.arms[name] = _Arm(drafter, resync)
+            self.arms[name] = _Arm(drafter, resync, peekable=_peekable(cls))
             if choice.samples_exactly:
                 self.exact.add(name)
         if not self.arms:
@@ -154,6 +233,12 @@ class AutoDrafter(Drafter):
             raise ParadecodeError(f"auto: no candidate samples exactly without drawing its drafts from the random "
                                   f"stream; candidates were {', '.join(self.arms)}: add ar (auto option candidates).")
         kept = self.kept_state(state) if self.options.keep else None
+        # the time of a step verifying T tokens (shaped by the measured curve), what a peeked draft would have
+        # cost: a copy of the last request's fit (concurrent requests each fit their own; the last one to
+        # end leaves its fit for the next)
+        self.kept = kept
+        last = kept.get("curve") if kept is not None else None
+        self.curve = copy.deepcopy(last) if last is not None else CostCurve(state.cost_curve)
         self.kept_file = None
         source = "request"
         if kept is not None and self.options.persist and self.context is not None:
@@ -163,16 +248,28 @@ class AutoDrafter(Drafter):
             source = "cache"
         estimates = kept["estimates"] if kept is not None else {}
         self.warm = any(name in estimates and estimates[name].steps > 0 for name in self.active)
+        for estimate in estimates.values():  # another text's rates: a prior this request's own steps soon outweigh
+            estimate.discounted_tokens *= self.options.carry
+            estimate.discounted_seconds *= self.options.carry
         self.warm_from = source if self.warm else None
         for name, arm in self.arms.items():
-            self.arms[name] = _Arm(arm.drafter, arm.needs_resync, estimates.setdefault(name, _Estimate()))
+            self.arms[name] = _Arm(arm.drafter, arm.needs_resync, estimates.setdefault(name, _Estimate()),
+                                   peekable=arm.peekable)
+        state.step_cost = self.curve  # the arms' cost schedules fit the same step times
         for name in self.active:
             self.arms[name].drafter.begin(state)
-        self.current, self.switches, self.step_start = "", 0, 0.0
+        self.current, self.switches, self.step_start, self.draft_seconds, self.rows = "", 0, 0.0, 0.0, 1
+        # Peeks score an arm's drafts on the text the chosen arms produce; greedy only (under sampling what is
+        # accepted is a draw, not a match with the text)
+        self.probing = state.sampling.greedy and self.options.probe_every > 0
+        self.peeks: list[_Peek] = []
+        self.steps_taken = self.peek_rounds = 0
 
     def propose(self, state: DecodeState) -> Proposal:
-        self.step_start = time.perf_counter()
         name, reason = self._choose()
+        if self.probing and self.steps_taken % self.options.probe_every == 0:
+            self._peek(state, name)
+        self.step_start = time.perf_counter()
         arm = self.arms[name]
         if arm.stale:
             arm.drafter.begin(state)
@@ -180,8 +277,46 @@ class AutoDrafter(Drafter):
         self.switches += bool(self.current) and name != self.current
         self.current = name
         proposal = arm.drafter.propose(state)
+        self.draft_seconds = time.perf_counter() - self.step_start
+        self.rows = 1 + len(proposal.tokens)
         proposal.info = {**(proposal.info or {}), "auto": name, "auto_reason": reason}
         return proposal
+
+    def _peek(self, state: DecodeState, chosen: str) -> None:
+        """What every other peekable arm would draft now, scored later against the text (``_score_peeks``). An
+        arm well behind the best is peeked at on every ``LAGGARD_EVERY``-th round only (peeks cost time)."""
+        self.peek_rounds += 1
+        floor = LAGGARD * max(self.arms[name].rate for name in self.active)
+        for name in self.active:
+            arm = self.arms[name]
+            if name == chosen or not arm.peekable or arm.stale:  # a stale arm's state lags the text
+                continue
+            if arm.rate < floor and self.peek_rounds % LAGGARD_EVERY:
+                continue
+            start = time.perf_counter()
+            proposal = arm.drafter.peek(state)
+            seconds = time.perf_counter() - start
+            if proposal is not None:
+                self.peeks.append(_Peek(name, len(state.tokens), proposal, seconds))
+
+    def _score_peeks(self, state: DecodeState) -> None:
+        """Each peek the text has decided counts for its arm as a step: its tokens, and the time of its
+        drafting plus the fitted time of a step verifying its rows."""
+        if self.curve.empty:
+            return
+        waiting, costs = [], None
+        for peek in self.peeks:
+            accepted = _accepted(peek, state.tokens[peek.at : peek.at + len(peek.tokens)])
+            if accepted is None:
+                waiting.append(peek)
+                continue
+            if costs is None:
+                costs = self.curve.predictions(1 + max(len(p.tokens) for p in self.peeks))
+            arm = self.arms[peek.arm]
+            arm.peeks += 1
+            arm.drafter.peeked(peek.proposal, accepted)
+            _add(arm.estimate, accepted + 1, peek.seconds + costs[len(peek.tokens)] + arm.estimate.excess)
+        self.peeks = waiting
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         chosen = self.arms[self.current]
@@ -191,7 +326,6 @@ class AutoDrafter(Drafter):
         gamma = self.options.decay
         for name in self.active:
             arm = self.arms[name]
-            arm.estimate.n *= gamma
             arm.estimate.discounted_tokens *= gamma
             arm.estimate.discounted_seconds *= gamma
             if arm is not chosen and arm.needs_resync:
@@ -200,13 +334,21 @@ class AutoDrafter(Drafter):
         chosen.tokens += tokens
         chosen.seconds += seconds
         estimate = chosen.estimate
-        estimate.steps += 1
         estimate.fastest = min(estimate.fastest, seconds)
-        estimate.n += 1.0
-        estimate.discounted_tokens += tokens
-        estimate.discounted_seconds += min(seconds, OUTLIER * estimate.fastest)
+        _add(estimate, tokens, min(seconds, OUTLIER * estimate.fastest))
+        verify = seconds - self.draft_seconds  # the verify pass and bookkeeping
+        self.curve.add(self.rows, max(verify, 1e-6))
+        fitted = self.curve.predictions(self.rows)[-1]
+        excess = min(max(verify, fitted / 2), OUTLIER * fitted) - fitted  # noise kept within bounds
+        estimate.own_steps += 1  # the first own step sets the excess, later ones move it
+        estimate.excess += (excess - estimate.excess) * max(EXCESS_WEIGHT, 1 / estimate.own_steps)
+        self.steps_taken += 1
+        if self.peeks:
+            self._score_peeks(state)
 
     def end(self, state: DecodeState) -> None:
+        if self.kept is not None:
+            self.kept["curve"] = self.curve
         if self.kept_file is not None:
             estimates = {name: arm.estimate for name, arm in self.arms.items() if arm.estimate.steps > 0}
             self.kept_file.write({"estimates": {name: dataclasses.asdict(e) for name, e in estimates.items()}})
@@ -216,14 +358,18 @@ class AutoDrafter(Drafter):
             if self.arms[name].estimate.steps < self.options.warmup:
                 return name, "warmup"
         arms = [self.arms[name] for name in self.active]
-        log_total = math.log(max(sum(arm.estimate.n for arm in arms), 1.0))
+        log_total = math.log(max(sum(arm.estimate.steps for arm in arms), 1))
         c = self.options.exploration
 
-        def ucb(name: str) -> float:
-            arm = self.arms[name]
-            return arm.rate * (1.0 + c * math.sqrt(log_total / max(arm.estimate.n, 1e-9)))
+        def rate(name: str) -> float:  # the rate, within the margin in favour of the surer choice: plain decoding
+            arm = self.arms[name]  # over any drafting, a peeked arm (measured on the same text) over one that is not
+            favour = 1.0 if arm.drafter.drafts else 1.0 + self.options.margin
+            return arm.rate * (favour if arm.peekable else favour / (1.0 + self.options.margin))
 
-        best = max(self.active, key=lambda name: self.arms[name].rate)
+        def ucb(name: str) -> float:  # the bonus shrinks with the arm's lifetime count (peeks included)
+            return rate(name) * (1.0 + c * math.sqrt(log_total / max(self.arms[name].estimate.steps, 1)))
+
+        best = max(self.active, key=rate)
         pick = max(self.active, key=ucb)
         return pick, "best" if pick == best else "explore"
 
@@ -233,9 +379,10 @@ class AutoDrafter(Drafter):
         all_tokens = sum(self.arms[name].tokens for name in self.active)
         for name in self.active:
             arm = self.arms[name]
-            candidates[name] = dict(steps=arm.steps, tokens=arm.tokens, time_s=round(arm.seconds, 6),
+            candidates[name] = dict(steps=arm.steps, peeks=arm.peeks, tokens=arm.tokens, time_s=round(arm.seconds, 6),
                                     tokens_per_s=round(arm.tokens / arm.seconds, 3) if arm.seconds > 0 else 0.0,
                                     estimate=round(arm.rate, 3),  # the bandit's discounted, clipped rate
+                                    excess_s=round(arm.estimate.excess, 6),  # its steps beyond the fitted curve
                                     step_share=round(arm.steps / all_steps, 4) if all_steps else 0.0,
                                     token_share=round(arm.tokens / all_tokens, 4) if all_tokens else 0.0)
             notes = arm.drafter.summary()
@@ -249,6 +396,19 @@ class AutoDrafter(Drafter):
                              candidates=candidates, skipped=skipped)}
 
 
+def _peekable(cls: type[Drafter]) -> bool:
+    """Whether ``cls.peek`` says what ``cls.propose`` does: both defined by the same class (a subclass that
+    changes ``propose`` alone is measured on its own steps only)."""
+    owner = lambda attr: next(c for c in cls.__mro__ if attr in vars(c))  # noqa: E731
+    return owner("peek") is not Drafter and owner("peek") is owner("propose")
+
+
+def _add(estimate: _Estimate, tokens: float, seconds: float) -> None:
+    estimate.steps += 1
+    estimate.discounted_tokens += tokens
+    estimate.discounted_seconds += seconds
+
+
 def _read_estimates(kept_file: KeptFile | None) -> dict[str, _Estimate]:
     """The estimates a kept file holds (empty without one, or when it cannot be used: ``KeptFile.read`` warns)."""
     payload = kept_file.read() if kept_file is not None else None
@@ -260,7 +420,7 @@ def _read_estimates(kept_file: KeptFile | None) -> dict[str, _Estimate]:
                 raise ValueError(f"fields {sorted(values)}")
             estimate = _Estimate(**{key: float(values[key]) for key in fields})
             estimate.steps = int(values["steps"])
-            if min(estimate.n, estimate.discounted_tokens, estimate.discounted_seconds, estimate.steps) < 0:
+            if min(estimate.discounted_tokens, estimate.discounted_seconds, estimate.steps) < 0:
                 raise ValueError("a negative count")
         except (TypeError, ValueError) as error:
             kept_file.ignore(f"its estimate for {name!r} is not one ({error})")

@@ -53,6 +53,9 @@ class DecodeState:
     # The target's forward time over T tokens relative to T = 1 (``paradecode.profile``), given when the drafter
     # asked for it (``Drafter.wants_cost_curve``); the ``cost`` draft schedule starts from it.
     cost_curve: dict[int, float] | None = None
+    # The request's step time by tokens scored, fitted online (``drafters.schedule.CostCurve``), where a drafter
+    # that runs others (``auto``) shares one fit between them; None: each cost schedule fits its own.
+    step_cost: Any = None
     # What drafters keep across requests on the loaded model, per (method, options) (``Model.method_state``);
     # None: nothing outlives the request.
     method_state: dict[tuple[str, Any], dict] | None = None
@@ -148,6 +151,17 @@ class Drafter:
 
     def propose(self, state: DecodeState) -> Proposal:
         raise NotImplementedError
+
+    def peek(self, state: DecodeState) -> Proposal | None:
+        """What ``propose`` would give now, without changing the drafter's state (no verdict follows it); None
+        where the drafter cannot say without running a step of its own (a draft model, Jacobi iterations).
+        ``auto`` scores peeks against the text that follows, so it knows every peekable arm's rate on the same
+        text, not only the chosen one's."""
+        return None
+
+    def peeked(self, proposal: Proposal, accepted: int) -> None:
+        """Greedy verification would have accepted ``accepted`` tokens of ``proposal``, an earlier ``peek``'s (the
+        text that followed decided it): a drafter that learns from its verdicts may learn from this one too."""
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         """Called after the engine committed ``verdict``; ``state.tokens`` already includes it."""

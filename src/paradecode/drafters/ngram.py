@@ -117,12 +117,30 @@ class NgramDrafter(ScheduledDrafter):
         self.tags: list[tuple] = []  # tag of each token of the proposal being verified
 
     def propose(self, state: DecodeState) -> Proposal:
-        length = min(self.schedule.candidates(), state.max_draft)
+        drafts, tags, chances = self._draft(state, self.schedule.candidates())
+        keep = self.schedule.best_prefix(chances)  # the cost schedule weighs the chances against time
+        drafts, self.tags = drafts[:keep], tags[:keep]
+        self.schedule.proposed(len(drafts))
+        return Proposal(tokens=drafts)
+
+    def peek(self, state: DecodeState) -> Proposal:
+        drafts, tags, chances = self._draft(state, self.schedule.planned_candidates())
+        keep = self.schedule.planned(chances)
+        return Proposal(tokens=drafts[:keep], info={"tags": tags[:keep]})
+
+    def peeked(self, proposal: Proposal, accepted: int) -> None:
+        self._judge(proposal.info["tags"], accepted)
+        self.schedule.judged(len(proposal.tokens), accepted)
+
+    def _draft(self, state: DecodeState, length: int) -> tuple[list[int], list[tuple], list[float]]:
+        """Up to ``length`` drafted tokens, their tags and the estimated chance that the draft's first 1, 2, ...
+        tokens are accepted."""
+        length = min(length, state.max_draft)
         self.table.update(state.tokens)
         context = state.tokens[-self.options.max_ngram :]
         drafts: list[int] = []
-        self.tags = []
-        chances: list[float] = []  # estimated probability that the draft's first 1, 2, ... tokens are accepted
+        tags: list[tuple] = []
+        chances: list[float] = []
         while len(drafts) < length:
             guesses = self.table.predict(context)
             if not guesses:
@@ -133,16 +151,16 @@ class NgramDrafter(ScheduledDrafter):
             if chance < self.options.min_accept:
                 break
             drafts.append(token)
-            self.tags.append(tag)
+            tags.append(tag)
             chances.append(chance)
             context = context[1:] + [token] if len(context) == self.options.max_ngram else context + [token]
-        keep = self.schedule.best_prefix(chances)  # the cost schedule weighs the chances against time
-        drafts, self.tags = drafts[:keep], self.tags[:keep]
-        self.schedule.proposed(len(drafts))
-        return Proposal(tokens=drafts)
+        return drafts, tags, chances
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         accepted = len(verdict.accepted)
-        for i, tag in enumerate(self.tags[: accepted + 1]):  # the tokens that were judged
-            self.acceptance.update(tag, i < accepted)
+        self._judge(self.tags, accepted)
         self.schedule.update(accepted)
+
+    def _judge(self, tags: list[tuple], accepted: int) -> None:
+        for i, tag in enumerate(tags[: accepted + 1]):  # the tokens that were judged
+            self.acceptance.update(tag, i < accepted)

@@ -45,10 +45,19 @@ class PromptLookupDrafter(ScheduledDrafter):
         self.schedule = self.new_schedule(state)
 
     def propose(self, state: DecodeState) -> Proposal:
-        length = min(self.schedule.length(), state.max_draft)
-        tokens = self.index.continuation(state.tokens, length) if length > 0 else []
+        tokens = self._draft(state, self.schedule.length())
         self.schedule.proposed(len(tokens))
         return Proposal(tokens=tokens)
+
+    def peek(self, state: DecodeState) -> Proposal:
+        return Proposal(tokens=self._draft(state, self.schedule.planned()))
+
+    def peeked(self, proposal: Proposal, accepted: int) -> None:
+        self.schedule.judged(len(proposal.tokens), accepted)
+
+    def _draft(self, state: DecodeState, length: int) -> list[int]:
+        length = min(length, state.max_draft)
+        return self.index.continuation(state.tokens, length) if length > 0 else []
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         self.schedule.update(len(verdict.accepted))

@@ -50,6 +50,12 @@ class PromptLookupTreeDrafter(Drafter):
         self.index = NgramOccurrences(o.min_ngram, o.max_ngram, o.occurrences)
 
     def propose(self, state: DecodeState) -> Proposal:
+        return self._draft(state)
+
+    def peek(self, state: DecodeState) -> Proposal:
+        return self._draft(state)  # a function of state.tokens (the index only catches up with them)
+
+    def _draft(self, state: DecodeState) -> Proposal:
         depth = min(self.options.num_draft, state.max_draft)
         if depth <= 0:
             return Proposal()

@@ -75,6 +75,19 @@ class DraftSchedule:
 
     def update(self, accepted: int) -> None:
         """The verdict of the last proposal: ``accepted`` of its ``drafted`` tokens matched."""
+        self.judged(self.drafted, accepted)
+
+    def judged(self, drafted: int, accepted: int) -> None:
+        """``accepted`` of ``drafted`` tokens matched: the last proposal's verdict, or a peek's (``Drafter.peeked``)."""
+
+    def planned_candidates(self) -> int:
+        """What ``candidates`` would say now, with no side effect."""
+        return self.planned()
+
+    def planned(self, chances: list[float] | None = None) -> int:
+        """What ``length`` (or, given the chances, ``best_prefix``) would say now, with no side effect: for a
+        drafter's ``peek``."""
+        return self.num_draft if chances is None else len(chances)
 
 
 class HeuristicSchedule(DraftSchedule):
@@ -85,10 +98,13 @@ class HeuristicSchedule(DraftSchedule):
     def length(self) -> int:
         return self.current
 
-    def update(self, accepted: int) -> None:
-        if self.drafted == 0:
+    def planned(self, chances: list[float] | None = None) -> int:
+        return self.current if chances is None else len(chances)
+
+    def judged(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
             return  # nothing was drafted (no n-gram match, or the budget is spent): nothing learnt
-        if accepted == self.drafted:
+        if accepted == drafted:
             self.current = min(self.current + 2, self.max_num_draft)
         else:
             self.current = max(self.current - 1, 1)
@@ -214,10 +230,11 @@ class CostCurve:
 
 
 class CostSchedule(DraftSchedule):
-    def __init__(self, num_draft: int, max_num_draft: int, shape: dict[int, float] | None = None) -> None:
+    def __init__(self, num_draft: int, max_num_draft: int, shape: dict[int, float] | None = None,
+                 curve: CostCurve | None = None) -> None:
         super().__init__(num_draft, max_num_draft)
         self.profile = AcceptanceProfile(max_num_draft)
-        self.curve = CostCurve(shape)
+        self.curve = curve if curve is not None else CostCurve(shape)  # shared where DecodeState.step_cost is
         self.draft_seconds: float | None = None  # running mean time per drafted token
         self.idle_steps = 0  # steps in a row that drafted nothing by choice
         self.probe_after = FIRST_PROBE  # idle steps before the next probe
@@ -242,6 +259,19 @@ class CostSchedule(DraftSchedule):
         for chance in chances:
             expected.append(expected[-1] + chance)
         return self._probe(self._best(expected))
+
+    def planned_candidates(self) -> int:
+        return self.num_draft if self.curve.empty else self.max_num_draft
+
+    def planned(self, chances: list[float] | None = None) -> int:
+        if self.curve.empty:
+            return self.num_draft if chances is None else len(chances)
+        if chances is None:
+            return self.best_length()
+        expected = [0.0]
+        for chance in chances:
+            expected.append(expected[-1] + chance)
+        return self._best(expected)  # no probe of an idle schedule: a peek drafts only what would pay
 
     def _best(self, expected: list[float]) -> int:
         """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second."""
@@ -278,19 +308,20 @@ class CostSchedule(DraftSchedule):
         self.drafted = drafted
         self._verify_start = now
 
-    def update(self, accepted: int) -> None:
-        if self.drafted:
-            self.profile.update(self.drafted, accepted)
+    def judged(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.profile.update(drafted, accepted)
 
 
 _KINDS = {"fixed": DraftSchedule, "heuristic": HeuristicSchedule, "cost": CostSchedule}
 
 
 def make_schedule(kind: str, num_draft: int, max_num_draft: int,
-                  cost_curve: dict[int, float] | None = None) -> DraftSchedule:
-    """A schedule; ``cost`` starts from the target's measured cost curve when given (``DecodeState.cost_curve``)."""
+                  cost_curve: dict[int, float] | None = None, step_cost: CostCurve | None = None) -> DraftSchedule:
+    """A schedule; ``cost`` starts from the target's measured cost curve when given (``DecodeState.cost_curve``),
+    and fits its step times into ``step_cost`` where one is shared (``DecodeState.step_cost``)."""
     if kind == "cost":
-        return CostSchedule(num_draft, max_num_draft, cost_curve)
+        return CostSchedule(num_draft, max_num_draft, cost_curve, step_cost)
     return _KINDS[kind](num_draft, max_num_draft)
 
 
@@ -304,4 +335,4 @@ class ScheduledDrafter(Drafter):
     def new_schedule(self, state: DecodeState) -> DraftSchedule:
         """The schedule for the request starting with ``state``."""
         o = self.options
-        return make_schedule(o.schedule, o.num_draft, o.max_num_draft, state.cost_curve)
+        return make_schedule(o.schedule, o.num_draft, o.max_num_draft, state.cost_curve, state.step_cost)

@@ -247,7 +247,7 @@ def test_a_scored_peek_costs_its_drafting_a_fitted_step_over_its_rows_and_its_ar
     drafter.peeks = [auto_module._Peek("pld", 3, Proposal(tokens=[7, 8]), seconds=0.001)]
     state = DecodeState(tokens=[2, 3, 4, 7, 9], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
                         max_draft=8)
-    drafter._score_peeks(state)  # the text after position 3 is 7, 9: one draft token accepted, then the bonus
+    drafter._score_peeks(state, drafter.curve.predictions(3))  # the text after position 3 is 7, 9: one draft token accepted, then the bonus
     assert drafter.peeks == [] and drafter.arms["pld"].peeks == 1
     assert pld.discounted_tokens == 2 and pld.steps == 1
     assert pld.discounted_seconds == pytest.approx(0.001 + drafter.curve.predictions(3)[-1] + 0.004)

@@ -13,5 +13,4 @@ class AutoregressiveDrafter(Drafter):
     def propose(self, state: DecodeState) -> Proposal:
         return Proposal()
 
-    def peek(self, state: DecodeState) -> Proposal:
-        return Proposal()
+    peek = propose  # nothing to draft, nothing to change

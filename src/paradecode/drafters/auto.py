@@ -299,19 +299,15 @@ class AutoDrafter(Drafter):
             if proposal is not None:
                 self.peeks.append(_Peek(name, len(state.tokens), proposal, seconds))
 
-    def _score_peeks(self, state: DecodeState) -> None:
+    def _score_peeks(self, state: DecodeState, costs: list[float]) -> None:
         """Each peek the text has decided counts for its arm as a step: its tokens, and the time of its
-        drafting plus the fitted time of a step verifying its rows."""
-        if self.curve.empty:
-            return
-        waiting, costs = [], None
+        drafting plus ``costs[T - 1]``, the fitted time of a step verifying its T rows."""
+        waiting = []
         for peek in self.peeks:
             accepted = _accepted(peek, state.tokens[peek.at : peek.at + len(peek.tokens)])
             if accepted is None:
                 waiting.append(peek)
                 continue
-            if costs is None:
-                costs = self.curve.predictions(1 + max(len(p.tokens) for p in self.peeks))
             arm = self.arms[peek.arm]
             arm.peeks += 1
             arm.drafter.peeked(peek.proposal, accepted)
@@ -338,13 +334,15 @@ class AutoDrafter(Drafter):
         _add(estimate, tokens, min(seconds, OUTLIER * estimate.fastest))
         verify = seconds - self.draft_seconds  # the verify pass and bookkeeping
         self.curve.add(self.rows, max(verify, 1e-6))
-        fitted = self.curve.predictions(self.rows)[-1]
+        # one fit prices this step and every pending peek
+        costs = self.curve.predictions(max([self.rows] + [1 + len(peek.tokens) for peek in self.peeks]))
+        fitted = costs[self.rows - 1]
         excess = min(max(verify, fitted / 2), OUTLIER * fitted) - fitted  # noise kept within bounds
         estimate.own_steps += 1  # the first own step sets the excess, later ones move it
         estimate.excess += (excess - estimate.excess) * max(EXCESS_WEIGHT, 1 / estimate.own_steps)
         self.steps_taken += 1
         if self.peeks:
-            self._score_peeks(state)
+            self._score_peeks(state, costs)
 
     def end(self, state: DecodeState) -> None:
         if self.kept is not None:

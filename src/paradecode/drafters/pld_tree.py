@@ -50,12 +50,6 @@ class PromptLookupTreeDrafter(Drafter):
         self.index = NgramOccurrences(o.min_ngram, o.max_ngram, o.occurrences)
 
     def propose(self, state: DecodeState) -> Proposal:
-        return self._draft(state)
-
-    def peek(self, state: DecodeState) -> Proposal:
-        return self._draft(state)  # a function of state.tokens (the index only catches up with them)
-
-    def _draft(self, state: DecodeState) -> Proposal:
         depth = min(self.options.num_draft, state.max_draft)
         if depth <= 0:
             return Proposal()
@@ -66,4 +60,6 @@ class PromptLookupTreeDrafter(Drafter):
             return Proposal(tokens=chains[0][:budget] if chains else [])
         tokens, parents = merge_prefix_tree(chains, budget)
         return Proposal(tokens=tokens, parents=tree_parents(parents))  # None: candidates were prefixes of one another
+
+    peek = propose  # a function of state.tokens (the index only catches up with them)
 

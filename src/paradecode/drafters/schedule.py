@@ -29,6 +29,7 @@ chances, which know more than an average over positions, against the same cost c
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from paradecode.drafters.base import DecodeState, Drafter
@@ -59,16 +60,16 @@ class DraftSchedule:
 
     def length(self) -> int:
         """Draft tokens to propose this step (the drafter still caps it by ``state.max_draft``)."""
-        return self.num_draft
+        return self.planned()
 
     def candidates(self) -> int:
         """Like ``length``, for a drafter that will cut its draft with ``best_prefix``."""
-        return self.length()
+        return self.planned_candidates()
 
     def best_prefix(self, chances: list[float]) -> int:
         """How many tokens of a candidate draft to keep, given the drafter's own estimate of the chance that
         its first 1, 2, ... tokens are all accepted. Only the cost schedule weighs this against time."""
-        return len(chances)
+        return self.planned(chances)
 
     def proposed(self, drafted: int) -> None:
         self.drafted = drafted
@@ -94,9 +95,6 @@ class HeuristicSchedule(DraftSchedule):
     def __init__(self, num_draft: int, max_num_draft: int) -> None:
         super().__init__(num_draft, max_num_draft)
         self.current = num_draft
-
-    def length(self) -> int:
-        return self.current
 
     def planned(self, chances: list[float] | None = None) -> int:
         return self.current if chances is None else len(chances)
@@ -243,35 +241,32 @@ class CostSchedule(DraftSchedule):
 
     def length(self) -> int:
         self._start_step()
-        return self.num_draft if self.curve.empty else self._probe(self.best_length())
+        return self._probed(self.planned())
 
     def candidates(self) -> int:
         self._start_step()
-        return self.num_draft if self.curve.empty else self.max_num_draft
+        return self.planned_candidates()
 
     def best_length(self) -> int:
         return self._best(self.profile.expected_accepted())
 
     def best_prefix(self, chances: list[float]) -> int:
-        if self.curve.empty or not chances:
-            return len(chances)
-        expected = [0.0]
-        for chance in chances:
-            expected.append(expected[-1] + chance)
-        return self._probe(self._best(expected))
+        return self._probed(self.planned(chances)) if chances else 0
 
     def planned_candidates(self) -> int:
         return self.num_draft if self.curve.empty else self.max_num_draft
 
     def planned(self, chances: list[float] | None = None) -> int:
+        """Without a timed step yet, the base schedule's answer; then the length that maximises tokens per
+        second (no probe of an idle schedule: ``length`` and ``best_prefix`` add that)."""
         if self.curve.empty:
-            return self.num_draft if chances is None else len(chances)
+            return super().planned(chances)
         if chances is None:
             return self.best_length()
-        expected = [0.0]
-        for chance in chances:
-            expected.append(expected[-1] + chance)
-        return self._best(expected)  # no probe of an idle schedule: a peek drafts only what would pay
+        return self._best([0.0, *itertools.accumulate(chances)])
+
+    def _probed(self, k: int) -> int:
+        return k if self.curve.empty else self._probe(k)
 
     def _best(self, expected: list[float]) -> int:
         """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second."""

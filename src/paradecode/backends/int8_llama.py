@@ -40,6 +40,8 @@ BUCKETS = {"one": 1, "verify": 8, "prefill": 64}  # pass sizes whose GEMM kernel
 class Int8LlamaBackend(LlamaBackend):
     """A Llama-family transformer with int8 projections; implements ``paradecode.backends.base.Backend``."""
 
+    DTYPE = "int8"  # what ``dtype`` reports, and part of the key of the kernel choice kept per machine
+
     def __init__(self, shape: LlamaShape, state: Mapping[str, torch.Tensor], max_length: int | None = None,
                  dtype: torch.dtype = torch.float32, *, calibration: Sequence[Sequence[int]] = (),
                  int8_state: Mapping[str, torch.Tensor] | None = None, kernel_cache: Path | None = None,
@@ -55,7 +57,29 @@ class Int8LlamaBackend(LlamaBackend):
             self._import_state(int8_state)
         else:
             self._quantize(calibration)
-        self.dtype = "int8"
+        self._start(kernel_cache, native)
+
+    @classmethod
+    def from_parts(cls, shape: LlamaShape, layers: Sequence[_Layer], embed: torch.Tensor, norm: torch.Tensor,
+                   head: Int8Linear, max_length: int | None = None, *,
+                   kernel_cache: Path | None = None) -> Int8LlamaBackend:
+        """The native backend over parts already in their final form: each layer's norms and quantized
+        projections (``Int8Linear``, or ``q4.Q4Linear`` on the q4 class), the fp32 embedding [V, D], the final norm
+        and the int8 LM head. No fp32 model is built, so a model whose fp32 weights would not fit in memory loads
+        (``benchmarks/scaling.py``'s synthetic 8B). It needs the native forward."""
+        from paradecode.errors import ParadecodeError
+
+        self = cls.__new__(cls)
+        self._assemble(shape, list(layers), embed, norm, head, max_length)
+        self._hidden_scale = torch.ones(shape.hidden_size)
+        self._start(kernel_cache, native=True)
+        if self._native is None:
+            raise ParadecodeError("this model loads on the native forward only, which could not be built here")
+        return self
+
+    def _start(self, kernel_cache: Path | None, native: bool) -> None:
+        """The native pass over the quantized weights (or the PyTorch forward's float64 cache) and its kernels."""
+        self.dtype = self.DTYPE
         self._native = self._build_native() if native else None
         self.kernel_choice: dict[str, str] = {}  # bucket -> kernel, the native pass's GEMMs
         self.kernel_timings: dict[str, dict[str, float]] = {}  # bucket -> kernel -> seconds, when timed here
@@ -227,7 +251,8 @@ class Int8LlamaBackend(LlamaBackend):
         from paradecode.profile import machine_key
 
         offered = self.available_kernels()
-        key = hashlib.sha256(json.dumps([native.build_key(), machine_key(), repr(self.shape), offered]).encode())
+        key = hashlib.sha256(json.dumps([native.build_key(), machine_key(), repr(self.shape), self.dtype,
+                                         offered]).encode())
         path = None if cache is None else Path(cache) / f"{key.hexdigest()[:16]}.json"
         if path is not None and path.is_file():
             try:

@@ -159,13 +159,6 @@ class LlamaBackend(SlotCache):
         max_length: int | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.shape = shape
-        self.vocab_size = shape.vocab_size
-        self.num_layers = shape.num_layers
-        self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH)
-        self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
-        self._len = 0
-
         def weight(name: str) -> torch.Tensor:
             return state[name].detach().to(dtype)
 
@@ -173,10 +166,10 @@ class LlamaBackend(SlotCache):
             biases = [weight(f"{name}.bias") for name in projections] if has_bias else None
             return _Linear.from_parts([weight(f"{name}.weight") for name in projections], biases)
 
-        self._layers = []
+        layers = []
         for i in range(shape.num_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            self._layers.append(
+            layers.append(
                 _Layer(
                     attn_norm=weight(f"model.layers.{i}.input_layernorm.weight"),
                     qkv=linear([attn + "q_proj", attn + "k_proj", attn + "v_proj"], shape.attention_bias),
@@ -186,11 +179,23 @@ class LlamaBackend(SlotCache):
                     down=linear([mlp + "down_proj"], shape.mlp_bias),
                 )
             )
-        self._allocate_cache(dtype)
-        self._embed = weight("model.embed_tokens.weight")  # [V, D]
-        self._norm = weight("model.norm.weight")  # [D]
+        embed = weight("model.embed_tokens.weight")  # [V, D]
         tied = shape.tie_word_embeddings or "lm_head.weight" not in state
-        self._lm_head = _Linear.from_parts([self._embed if tied else weight("lm_head.weight")], None)  # D -> V
+        head = _Linear.from_parts([embed if tied else weight("lm_head.weight")], None)  # D -> V
+        self._assemble(shape, layers, embed, weight("model.norm.weight"), head, max_length, dtype)
+        self._allocate_cache(dtype)
+
+    def _assemble(self, shape: LlamaShape, layers: list[_Layer], embed: torch.Tensor, norm: torch.Tensor, head: Any,
+                  max_length: int | None, dtype: torch.dtype = torch.float32) -> None:
+        """Take the model's parts as they are (the projections may be any with ``_Linear``'s call signature) and
+        compute the RoPE tables; no cache yet."""
+        self.shape = shape
+        self.vocab_size = shape.vocab_size
+        self.num_layers = shape.num_layers
+        self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH)
+        self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
+        self._len = 0
+        self._layers, self._embed, self._norm, self._lm_head = layers, embed, norm, head  # [V, D], [D], D -> V
         # RoPE tables for every position, in the rotate-half layout: x * cos + roll(x, hd/2) * sin_signed.
         angles = torch.arange(self.max_length).float()[:, None] * rope_inv_freq(shape)[None]  # [P, hd/2]
         self._cos = torch.cat((angles, angles), -1).cos().to(dtype)  # [P, hd]

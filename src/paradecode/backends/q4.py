@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -126,6 +127,12 @@ def gguf_source(model_dir: Path) -> Path:
 def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Blocks]]:
     """Each layer's qkv, o, gate_up and down as 4-bit blocks in the Hugging Face row order (llama.cpp's
     converter reorders the q and k rows for its RoPE; this undoes it, as transformers does)."""
+    return list(iter_layers(path, num_layers, heads, kv_heads))
+
+
+def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Iterator[dict[str, Blocks]]:
+    """``read_layers`` one layer at a time (the file is mapped, not read: a large model's blocks need not all be
+    unpacked at once)."""
     from gguf import GGUFReader
 
     tensors = {tensor.name: tensor for tensor in GGUFReader(str(path)).tensors}
@@ -147,15 +154,13 @@ def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[
         order = torch.arange(n).reshape(groups, n // groups // 2, 2).transpose(1, 2).reshape(n)
         return b.rows(order)
 
-    layers = []
     for i in range(num_layers):
         name = f"blk.{i}.{{}}.weight"
         q = unpermute(blocks(name.format("attn_q")), heads)
         k = unpermute(blocks(name.format("attn_k")), kv_heads)
-        layers.append(dict(
+        yield dict(
             qkv=Blocks.cat([q, k, blocks(name.format("attn_v"))]),
             o=blocks(name.format("attn_output")),
             gate_up=Blocks.cat([blocks(name.format("ffn_gate")), blocks(name.format("ffn_up"))]),
             down=blocks(name.format("ffn_down")),
-        ))
-    return layers
+        )

@@ -22,6 +22,8 @@ from paradecode.errors import ParadecodeError
 class Q4LlamaBackend(Int8LlamaBackend):
     """A Llama-family transformer on 4-bit checkpoint blocks; implements ``paradecode.backends.base.Backend``."""
 
+    DTYPE = "q4"
+
     def __init__(self, shape, state: Mapping[str, torch.Tensor], max_length: int | None = None, *,
                  layers: Sequence[Mapping[str, q4.Blocks]], int8_state: Mapping[str, torch.Tensor],
                  kernel_cache: Path | None = None) -> None:
@@ -32,7 +34,6 @@ class Q4LlamaBackend(Int8LlamaBackend):
         if self._native is None:
             raise ParadecodeError("dtype q4 runs on the native forward, which could not be built here: use "
                                   "--dtype int8.")
-        self.dtype = "q4"
 
     def _import_state(self, state: Mapping[str, torch.Tensor]) -> None:
         """The int8 head, final norm and hidden scale; the checkpoint's own norms and 4-bit projections."""

@@ -31,7 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SIZES_T = (1, 2, 4, 8, 16)
 CONTEXT = 256
@@ -59,27 +61,81 @@ def gguf_path(size: str) -> Path:
     return cache_dir() / f"synthetic-{size}-q4_0.gguf"
 
 
-def measure_ours(size: str, dtype: str, repeats: int) -> dict:
-    """One-token to 16-token forward times of ours, in this (fresh) process."""
+def load_ours(size: str, dtype: str):
+    """Our backend of ``size`` on ``dtype``, with a cache for the CONTEXT and the longest pass."""
+    max_length = CONTEXT + max(SIZES_T) + 64
+    if size == REAL:
+        import paradecode
+
+        return paradecode.load("smollm2-135m", dtype=dtype, max_length=max_length).backend
+    from paradecode import synthetic
+
+    return synthetic.load(gguf_path(size), synthetic.SHAPES[size], dtype, max_length, cache_dir() / "kernels")
+
+
+def serve(args: argparse.Namespace) -> int:
+    """The child that holds one backend: a line of its facts once loaded, then one curve per line of input."""
     import torch
 
     from paradecode.profile import measure_curve
 
     torch.set_num_threads(int(os.environ.get("PARADECODE_THREADS", "2")))
     start = time.perf_counter()
-    max_length = CONTEXT + max(SIZES_T) + 64
+    backend = load_ours(args.size, args.dtype)
+    print(json.dumps(dict(load_s=time.perf_counter() - start, weight_bytes=backend.weight_bytes,
+                          kernels=backend.kernel_report().get("choice"))), flush=True)
+    for _ in sys.stdin:
+        curve = measure_curve(backend, SIZES_T, CONTEXT, args.repeats)
+        print(json.dumps({str(t): s for t, s in curve.items()}), flush=True)
+    return 0
+
+
+class Ours:
+    """A child process holding our backend of one size and dtype, timed on request (loaded once: a 3B model
+    takes a minute to load, and the rounds alternate with llama.cpp's)."""
+
+    def __init__(self, size: str, dtype: str, repeats: int, log: Path) -> None:
+        self.log = log.open("a")
+        self.process = subprocess.Popen([sys.executable, __file__, "serve", size, dtype, str(repeats)], text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        self.info = self._reply()
+
+    def _reply(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise RuntimeError(f"our child process ended (exit {code}); see {self.log.name}")
+        return json.loads(line)
+
+    def measure(self) -> dict[str, float]:
+        self.process.stdin.write("measure\n")
+        self.process.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait()
+        self.log.close()
+
+
+def int8_fits(size: str) -> bool:
+    """Whether the int8 backend of ``size`` fits in the memory now available: its int8 weights twice (ours and
+    fbgemm's packed copy) and the fp32 embedding, with 10% to spare."""
+    from paradecode.synthetic import SHAPES
+
     if size == REAL:
-        import paradecode
-
-        backend = paradecode.load("smollm2-135m", dtype=dtype, max_length=max_length).backend
-    else:
-        from paradecode import synthetic
-
-        backend = synthetic.load(gguf_path(size), synthetic.SHAPES[size], dtype, max_length, cache_dir() / "kernels")
-    loaded = time.perf_counter() - start
-    curve = measure_curve(backend, SIZES_T, CONTEXT, repeats)
-    return dict(seconds={str(t): s for t, s in curve.items()}, load_s=loaded, weight_bytes=backend.weight_bytes,
-                kernels=backend.kernel_report().get("choice"))
+        return True
+    s = SHAPES[size]
+    d, hd = s["hidden_size"], s["head_dim"]
+    layer = d * (s["num_heads"] + 2 * s["num_kv_heads"]) * hd + s["num_heads"] * hd * d + 3 * d * s["intermediate_size"]
+    head = s["vocab_size"] * d
+    need = 1.1 * (2 * (s["num_layers"] * layer + head) + 4 * head)
+    available = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    return need < available
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------------------------
@@ -95,7 +151,7 @@ def llama_bench(binary: Path, path: Path, repeats: int, threads: int = 2) -> dic
     seconds = {}
     for test in json.loads(done.stdout):
         seconds[str(test["n_prompt"])] = statistics.median(test["samples_ns"]) / 1e9
-    return dict(seconds=seconds, build=json.loads(done.stdout)[0].get("build_commit"))
+    return seconds
 
 
 def llama_binaries() -> dict[str, Path]:
@@ -112,6 +168,8 @@ def llama_binaries() -> dict[str, Path]:
 
 # -- orchestration --------------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    """Per size: write the file once, load ours (q4, and int8 where it fits) in children, then ``--rounds``
+    rounds, each timing every engine in turn, so that the machine's drift falls on all of them alike."""
     from paradecode.profile import machine_report
     from paradecode.synthetic import SHAPES, write_gguf
 
@@ -119,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    results.setdefault("machines", [])
     machine = machine_report()
+    results.setdefault("machines", [])
     if machine not in results["machines"]:
         results["machines"].append(machine)
     rows = results.setdefault("rows", {})
@@ -130,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
     for size in args.sizes.split(","):
         if size not in sizes():
             raise SystemExit(f"unknown size {size!r}: choose from {', '.join(sizes())}")
+        done = [key for key in rows if key.startswith(f"{size}|") and len(rows[key].get("rounds", [])) >= args.rounds]
+        if done and not args.force:
+            print(f"{size}: done already ({len(done)} engines)", file=sys.stderr)
+            continue
         path = gguf_path(size)
         if size != REAL and not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,37 +200,50 @@ def run(args: argparse.Namespace) -> int:
             staging = path.with_suffix(".part")
             write_gguf(SHAPES[size], staging)
             staging.replace(path)
+            os.sync()  # the file's pages reach the disk now, not while something is being timed
             print(f"  written in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        engines = [("ours q4", None), ("ours int8", None), *binaries.items()]
-        for engine, binary in engines:
-            key = f"{size}|{engine}"
-            if key in rows and not args.force:
+        engines: dict[str, Any] = {}
+        for dtype in ("q4", "int8"):
+            key = f"{size}|ours {dtype}"
+            if dtype == "int8" and not int8_fits(size):
+                rows[key] = dict(error="does not fit in the memory left next to q4 (int8 weights twice: ours and "
+                                       "fbgemm's packed copy)", cpu=machine["cpu"])
+                print(f"{size}: ours int8 skipped: {rows[key]['error']}", file=sys.stderr)
                 continue
-            print(f"{size}: {engine} ...", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            if binary is None:
-                dtype = engine.split()[1]
-                done = subprocess.run([sys.executable, __file__, "child", size, dtype, str(args.repeats)],
-                                      capture_output=True, text=True)
-                if done.returncode != 0:
-                    print(f"  failed: {done.stderr[-1500:]}", file=sys.stderr)
-                    rows[key] = dict(error=done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
-                                     f"exit {done.returncode}")
-                    continue
-                rows[key] = json.loads(done.stdout.strip().splitlines()[-1])
-            else:
-                rows[key] = llama_bench(binary, path, args.repeats)
-            rows[key]["cpu"] = machine["cpu"]
-            rows[key]["wall_s"] = time.perf_counter() - start
-            ms = ", ".join(f"T={t} {1000 * s:.1f}" for t, s in rows[key]["seconds"].items())
-            print(f"  {ms} ms", file=sys.stderr, flush=True)
-            results_path.write_text(json.dumps(results, indent=1))
+            print(f"{size}: loading ours {dtype} ...", file=sys.stderr, flush=True)
+            try:
+                engines[f"ours {dtype}"] = Ours(size, dtype, args.repeats, out / "children.log")
+            except RuntimeError as error:
+                rows[key] = dict(error=str(error), cpu=machine["cpu"])
+                print(f"  failed: {error}", file=sys.stderr)
+        engines.update(binaries)
+        for name, engine in engines.items():
+            info = engine.info if isinstance(engine, Ours) else {}
+            rows[f"{size}|{name}"] = dict(info, rounds=[], cpu=machine["cpu"])
+        try:
+            for round_ in range(args.rounds):
+                for name, engine in engines.items():
+                    row = rows[f"{size}|{name}"]
+                    if "error" in row:
+                        continue
+                    try:
+                        if isinstance(engine, Ours):
+                            seconds = engine.measure()
+                        else:
+                            seconds = llama_bench(engine, path, args.repeats)
+                    except RuntimeError as error:
+                        row["error"] = str(error)
+                        print(f"  {size} {name} failed: {error}", file=sys.stderr)
+                        continue
+                    row["rounds"].append(seconds)
+                    ms = ", ".join(f"T={t} {1000 * s:.1f}" for t, s in seconds.items())
+                    print(f"{size} round {round_ + 1}/{args.rounds}: {name}: {ms} ms", file=sys.stderr, flush=True)
+                results_path.write_text(json.dumps(results, indent=1))
+        finally:
+            for engine in engines.values():
+                if isinstance(engine, Ours):
+                    engine.close()
     results_path.write_text(json.dumps(results, indent=1))
-    return 0
-
-
-def child(args: argparse.Namespace) -> int:
-    print(json.dumps(measure_ours(args.size, args.dtype, args.repeats)))
     return 0
 
 
@@ -185,31 +260,59 @@ def _interpolate(curve: dict[int, float], rows: int) -> float:
     return curve[b] + (curve[b] - curve[a]) * (rows - b) / (b - a)
 
 
-def method_steps(records: Path) -> dict[str, list[tuple[int, int]]]:
-    """Per method, every decoding step of the bench run as (rows verified, tokens it committed)."""
-    steps: dict[str, list[tuple[int, int]]] = {}
+# Methods whose every step is one target pass over the rows it verifies (lookahead's pass also carries its
+# lookahead window, and layerskip adds early-exit passes, neither of which the records count).
+PROJECTED = ("ar", "ngram", "pld", "pld-tree", "jacobi", "auto")
+
+
+@dataclass
+class Steps:
+    """One method's decoding in a bench run: every step's (rows verified, tokens committed), and the seconds
+    its steps took beyond their target passes (drafting, sampling, bookkeeping) per step, measured at 135M."""
+
+    steps: list[tuple[int, int]]
+    decode_s: float  # the answers' wall time less their prefill
+
+    def overhead(self, curve: dict[int, float]) -> float:
+        """Seconds per step that are not the target pass, with ``curve`` the run's model's pass times."""
+        passes = sum(_interpolate(curve, w) for w, _ in self.steps)
+        return max(0.0, (self.decode_s - passes) / len(self.steps))
+
+    def rate(self, curve: dict[int, float], overhead: float) -> float:
+        """Tokens per second with each step priced by ``curve`` at its width, plus ``overhead``."""
+        return sum(a for _, a in self.steps) / sum(_interpolate(curve, w) + overhead for w, _ in self.steps)
+
+
+def method_steps(records: Path) -> dict[str, Steps]:
+    """Per method of PROJECTED, its steps in a ``paradecode bench`` run's records."""
+    out: dict[str, Steps] = {}
     for line in records.read_text().splitlines():
         record = json.loads(line)
-        if record["method"] == "llamacpp":
+        if record["method"] not in PROJECTED:
             continue
+        steps = out.setdefault(record["method"], Steps([], 0.0))
         for turn in record["turns"]:
             widths = turn.get("draft_lengths") or [0] * len(turn["accepted_per_step"])
-            pairs = [(w + 1, a) for w, a in zip(widths, turn["accepted_per_step"])]
-            steps.setdefault(record["method"], []).extend(pairs)
-    return steps
+            steps.steps.extend((w + 1, a) for w, a in zip(widths, turn["accepted_per_step"]))
+            steps.decode_s += turn["wall_time_s"] - turn["stats"].get("prefill_time_s", 0.0)
+    return out
 
 
-def projected(curve: dict[int, float], steps: list[tuple[int, int]]) -> float:
-    """Tokens per second of decoding whose steps are ``steps``, each costing the curve at its width (forward
-    passes only: drafting, sampling and the prefill are left out for every method alike)."""
-    return sum(a for _, a in steps) / sum(_interpolate(curve, w) for w, _ in steps)
+def median_curve(rounds: list[dict[str, float]]) -> dict[int, float]:
+    """Seconds per T: the median over the rounds."""
+    return {int(t): statistics.median(r[t] for r in rounds) for t in rounds[0]}
+
+
+def paired_ratio(slow: dict, fast: dict, t: str = "1") -> float:
+    """``slow``'s time over ``fast``'s at T, the median over the rounds they shared."""
+    return statistics.median(a[t] / b[t] for a, b in zip(slow["rounds"], fast["rounds"]))
 
 
 def report(args: argparse.Namespace) -> int:
     results = json.loads((Path(args.folder) / "results.json").read_text())
     rows = results["rows"]
     engines = sorted({key.split("|")[1] for key in rows}, key=lambda e: (not e.startswith("ours"), e))
-    curves = {key: {int(t): s for t, s in row["seconds"].items()} for key, row in rows.items() if "seconds" in row}
+    curves = {key: median_curve(row["rounds"]) for key, row in rows.items() if row.get("rounds")}
     steps = method_steps(Path(args.records)) if args.records else {}
     lines = []
     machine = results["machines"][-1]
@@ -236,6 +339,8 @@ def report(args: argparse.Namespace) -> int:
     lines.append("")
     lines.append("### Ours against the faster llama.cpp build, one-token forward")
     lines.append("")
+    lines.append("Medians over the rounds; the ratios are the medians of each round's ratio.")
+    lines.append("")
     lines.append("| size | llama.cpp (faster build), ms | ours q4 | ours int8 | q4 speed vs llama.cpp | int8 vs llama.cpp |")
     lines.append("|---|---|---|---|---|---|")
     best_llama = {}
@@ -247,26 +352,39 @@ def report(args: argparse.Namespace) -> int:
         best_llama[size] = (name, llama[name])
         ours = {d: curves.get(f"{size}|ours {d}") for d in ("q4", "int8")}
         cells = [f"{1000 * ours[d][1]:.1f}" if ours[d] else "–" for d in ("q4", "int8")]
-        ratios = [f"{llama[name][1] / ours[d][1]:.2f}x" if ours[d] else "–" for d in ("q4", "int8")]
+        ratios = [f"{paired_ratio(rows[f'{size}|{name}'], rows[f'{size}|ours {d}']):.2f}x" if ours[d] else "–"
+                  for d in ("q4", "int8")]
         lines.append(f"| {size} | {1000 * llama[name][1]:.1f} ({name.split()[-1]}) | " + " | ".join(cells) + " | "
                      + " | ".join(ratios) + " |")
-    if steps:
-        methods = sorted(steps, key=lambda m: (m != "ar", m))
+    anchor = curves.get(f"{REAL}|ours q4")
+    if steps and anchor:
+        methods = [m for m in PROJECTED if m in steps]
+        overheads = {m: steps[m].overhead(anchor) for m in methods}
         lines.append("")
-        lines.append("### Projected decoding speed per method, relative to llama.cpp's plain decoding (faster build)")
+        lines.append("### Projected decoding speed per method")
         lines.append("")
-        lines.append("Each method's steps (rows verified, tokens committed) as measured on SmolLM2-135M, priced by "
-                     "the size's measured forward curve of ours on q4; llama.cpp at one forward per token.")
+        lines.append("Each method's steps (rows verified, tokens committed) as measured on SmolLM2-135M on q4 "
+                     f"({args.records}), each priced by the size's measured forward time of ours on q4 at its "
+                     "width, plus the method's per-step time beyond its forward pass as measured at 135M ("
+                     + ", ".join(f"`{m}` {1000 * overheads[m]:.2f} ms" for m in methods) + "). Against "
+                     "llama.cpp's plain decoding at one forward per token of its faster build (forward only, no "
+                     "sampling: in its favour). τ (tokens per step): "
+                     + ", ".join(f"`{m}` {sum(a for _, a in steps[m].steps) / len(steps[m].steps):.2f}"
+                                 for m in methods) + ".")
         lines.append("")
-        lines.append("| size | " + " | ".join(f"`{m}`" for m in methods) + " |")
-        lines.append("|---|" + "---|" * len(methods))
+        lines.append("| size | llama.cpp tok/s | " + " | ".join(f"`{m}` tok/s (vs llama.cpp)" for m in methods)
+                     + " | best vs our `ar` |")
+        lines.append("|---|---|" + "---|" * len(methods) + "---|")
         for size in sizes():
             ours = curves.get(f"{size}|ours q4")
             if ours is None or size not in best_llama:
                 continue
             llama_rate = 1.0 / best_llama[size][1][1]
-            cells = [f"{projected(ours, steps[m]) / llama_rate:.2f}x" for m in methods]
-            lines.append(f"| {size} | " + " | ".join(cells) + " |")
+            rates = {m: steps[m].rate(ours, overheads[m]) for m in methods}
+            best = max(rates, key=rates.get)
+            cells = [f"{rates[m]:.1f} ({rates[m] / llama_rate:.2f}x)" for m in methods]
+            lines.append(f"| {size} | {llama_rate:.1f} | " + " | ".join(cells)
+                         + f" | `{best}` {rates[best] / rates.get('ar', rates[best]):.2f}x |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.plot:
@@ -311,14 +429,15 @@ def main() -> int:
     r = commands.add_parser("run", help="write the files (once) and time every engine on each size; resumes")
     r.add_argument("--sizes", default="135m,0.5b,1b,3b,8b", help="comma-separated, of 135m,0.5b,1b,3b,8b")
     r.add_argument("--out", default="results/scaling", help="folder for results.json")
-    r.add_argument("--repeats", type=int, default=7, help="timed passes per T; the median is kept")
+    r.add_argument("--repeats", type=int, default=7, help="timed passes per T in a round; the median is kept")
+    r.add_argument("--rounds", type=int, default=3, help="rounds over every engine; the report takes medians")
     r.add_argument("--force", action="store_true", help="time again what results.json already has")
     r.set_defaults(run=run)
-    c = commands.add_parser("child", help=argparse.SUPPRESS)
+    c = commands.add_parser("serve", help=argparse.SUPPRESS)
     c.add_argument("size")
     c.add_argument("dtype", choices=("q4", "int8"))
     c.add_argument("repeats", type=int)
-    c.set_defaults(run=child)
+    c.set_defaults(run=serve)
     p = commands.add_parser("report", help="tables (and a plot) from a run's results.json")
     p.add_argument("folder")
     p.add_argument("--records", help="a paradecode bench run's records.jsonl, for the projected speed per method")

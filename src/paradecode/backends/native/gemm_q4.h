@@ -28,7 +28,7 @@ namespace paradecode {
 
 constexpr int64_t kQ4Group = 32;        // inputs per block of the checkpoint (and per activation scale)
 constexpr int64_t kQ4GroupBytes = 320;  // packed bytes per 16 columns x 32 inputs
-constexpr int64_t kQ4PrefetchGroups = 12;  // with several rows: ask for the weights this far ahead (~4 KiB)
+constexpr int64_t kQ4PrefetchGroups = 12;  // ask for the weights this far ahead (~4 KiB per block)
 
 struct PackedQ4 {
   const uint8_t* data;  // [blocks][groups][320]
@@ -161,7 +161,7 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
   std::fill(acc, acc + rows * NB * kBlockCols, 0.f);
   const int64_t block_stride = w.groups * kQ4GroupBytes;
   for (int64_t g = 0; g < w.groups; ++g) {
-    if (rows > 1) {  // past the end: the next tile's weights, which this thread reads next
+    {  // past the end: the next tile's weights, which this thread reads next
       const uint8_t* ahead = w.data + (b0 * w.groups + g + kQ4PrefetchGroups) * kQ4GroupBytes;
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < kQ4GroupBytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
@@ -190,10 +190,12 @@ inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
   });
 }
 
-// Tile shapes: one row streams 8 blocks (16 nibble vectors and 8 sums in registers); more rows take 4 x 4 with
-// AVX-512 (16 sums + 8 nibble vectors), 2 x 2 blocks on 256-bit code.
+// Tile shapes: one row streams 4 blocks, more rows take 4 x 4 with AVX-512 (16 sums + 8 nibble vectors), 2 x 2
+// blocks on 256-bit code. One row on 8 blocks at once (8 streams, 30-140 KB apart at 1B-8B) read 10-20% slower
+// than on 4 with the weights asked for ahead (AMD EPYC Zen 4, a 2-thread microbenchmark of 3B and 8B layers;
+// equal at 0.5B, faster at 135M and 1B), and a one-token pass came out slower than a two-token one at 3B and 8B.
 #if defined(__AVX512F__)
-constexpr int kQ4OneRowBlocks = 8, kQ4TileRows = 4, kQ4TileBlocks = 4;
+constexpr int kQ4OneRowBlocks = 4, kQ4TileRows = 4, kQ4TileBlocks = 4;
 #elif defined(__AVX2__)
 constexpr int kQ4OneRowBlocks = 2, kQ4TileRows = 2, kQ4TileBlocks = 2;
 #else

@@ -103,17 +103,23 @@ def load(
 
 def _make_backend(model_dir: Path, backend: str, max_length: int | None, dtype: str, tokenizer, cache_dir):
     config = json.loads((model_dir / "config.json").read_text())
-    if backend == "auto":
-        backend = "llama" if config.get("model_type") == "llama" else "hf"
+    from paradecode.backends.llama import ARCHITECTURES, LlamaShape
+
+    if backend == "auto":  # our forward where it runs the checkpoint (a variant it lacks goes to transformers)
+        try:
+            LlamaShape.from_config(config)
+            backend = "llama"
+        except (ValueError, KeyError, TypeError):
+            backend = "hf"
     if backend == "hf" and dtype != "fp32":
         raise ParadecodeError(f"dtype {dtype} runs on the llama backend only; the hf backend runs fp32.")
     if backend == "llama":
         from paradecode.backends.llama import LlamaBackend
 
-        if config.get("model_type") != "llama":
+        if config.get("model_type") not in ARCHITECTURES:
             raise ParadecodeError(
-                f"the llama backend runs Llama-family models only; this one is {config.get('model_type')!r}: "
-                "use --backend hf."
+                f"the llama backend runs {', '.join(ARCHITECTURES)} models; this one is "
+                f"{config.get('model_type')!r}: use --backend hf."
             )
         if dtype in ("int8", "q4"):
             return _load_quantized(dtype, model_dir, max_length, tokenizer, cache_dir)

@@ -180,7 +180,10 @@ class Int8LlamaBackend(LlamaBackend):
         stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, self._embed, self._norm,
                                    self._cos, self._sin, values, keys_t, PAGE)
         for layer in self._layers:
-            stack.add_layer(layer.attn_norm, layer.mlp_norm, *(getattr(layer, name).parts() for name in PROJECTIONS))
+            none = torch.empty(0)
+            stack.add_layer(layer.attn_norm, layer.mlp_norm, *(getattr(layer, name).parts() for name in PROJECTIONS),
+                            none if layer.q_norm is None else layer.q_norm.float(),
+                            none if layer.k_norm is None else layer.k_norm.float())
         stack.set_head(self._lm_head.parts())
         return stack, values, keys_t
 

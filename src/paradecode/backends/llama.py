@@ -30,9 +30,16 @@ from paradecode.backends.base import ForwardOutput, SlotCache, causal_mask
 DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does not choose
 
 
+# The architectures the Llama forward runs, as transformers' config.json names them (model_type), and what each
+# changes: Mistral is Llama's layout (its sliding window never binds within a cache no longer than the window);
+# Qwen2 adds biases to q, k and v (not o); Qwen3 normalizes each query and key head (RMSNorm over head_dim) before
+# RoPE.
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
 @dataclass(frozen=True)
 class LlamaShape:
-    """The numbers a Llama checkpoint's ``config.json`` fixes, in our names."""
+    """The numbers a Llama-family checkpoint's ``config.json`` fixes, in our names."""
 
     vocab_size: int
     hidden_size: int
@@ -44,22 +51,38 @@ class LlamaShape:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
+    attention_bias: bool  # biases on q, k and v
     mlp_bias: bool
     rope: Mapping[str, Any]  # rope_type, rope_theta and the type's scaling parameters
+    o_bias: bool = False  # a bias on the attention's output projection (Llama's attention_bias has both)
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
+    sliding_window: int | None = None  # attention sees at most this many tokens back (Mistral); None: all
+    architecture: str = "llama"
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LlamaShape:
-        """Parse a transformers Llama config dict (v4 ``rope_scaling`` or v5 ``rope_parameters`` style)."""
-        if config.get("model_type") != "llama":
-            raise ValueError(f"LlamaBackend reads Llama checkpoints only, got model_type {config.get('model_type')!r}")
+        """Parse a transformers config dict of one of ARCHITECTURES (v4 ``rope_scaling`` or v5 ``rope_parameters``
+        style); anything else is a ValueError naming what is supported."""
+        architecture = config.get("model_type")
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"the Llama forward runs {', '.join(ARCHITECTURES)} checkpoints, not model_type "
+                             f"{architecture!r}")
         if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"LlamaBackend supports the SiLU MLP only, got hidden_act {config['hidden_act']!r}")
+            raise ValueError(f"the Llama forward supports the SiLU MLP only, got hidden_act {config['hidden_act']!r}")
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
         rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
         if rope["rope_type"] not in ("default", "llama3"):
-            raise ValueError(f"unsupported rope_type {rope['rope_type']!r}; LlamaBackend knows 'default' and 'llama3'")
+            raise ValueError(f"unsupported rope_type {rope['rope_type']!r}; the Llama forward knows 'default' and "
+                             "'llama3'")
+        window = config.get("sliding_window")
+        if architecture in ("qwen2", "qwen3"):
+            if config.get("use_sliding_window"):
+                raise ValueError(f"{architecture} with use_sliding_window is not supported (sliding-window layers)")
+            window = None
+        elif architecture == "llama":
+            window = None
+        bias = bool(config.get("attention_bias", False))
         num_heads = config["num_attention_heads"]
         return cls(
             vocab_size=config["vocab_size"],
@@ -72,9 +95,13 @@ class LlamaShape:
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
+            attention_bias=True if architecture == "qwen2" else bias,
             mlp_bias=config.get("mlp_bias", False),
             rope=rope,
+            o_bias=False if architecture == "qwen2" else bias,
+            qk_norm=architecture == "qwen3",
+            sliding_window=window,
+            architecture=architecture,
         )
 
 
@@ -142,6 +169,8 @@ class _Layer:
     mlp_norm: torch.Tensor  # [D]
     gate_up: _Linear  # D -> 2 * I
     down: _Linear  # I -> D
+    q_norm: torch.Tensor | None = None  # [hd] RMSNorm weight of every query head (Qwen3), else None
+    k_norm: torch.Tensor | None = None  # [hd] of every key head
     keys: torch.Tensor | None = None  # [1, Hkv, max_length, hd] view into the cache
     values: torch.Tensor | None = None  # [1, Hkv, max_length, hd] view into the cache
     slots: torch.Tensor | None = None  # [2 * Hkv, max_length, hd] this layer's cache (keys, then values), for writing
@@ -173,10 +202,12 @@ class LlamaBackend(SlotCache):
                 _Layer(
                     attn_norm=weight(f"model.layers.{i}.input_layernorm.weight"),
                     qkv=linear([attn + "q_proj", attn + "k_proj", attn + "v_proj"], shape.attention_bias),
-                    o=linear([attn + "o_proj"], shape.attention_bias),
+                    o=linear([attn + "o_proj"], shape.o_bias),
                     mlp_norm=weight(f"model.layers.{i}.post_attention_layernorm.weight"),
                     gate_up=linear([mlp + "gate_proj", mlp + "up_proj"], shape.mlp_bias),
                     down=linear([mlp + "down_proj"], shape.mlp_bias),
+                    q_norm=weight(attn + "q_norm.weight") if shape.qk_norm else None,
+                    k_norm=weight(attn + "k_norm.weight") if shape.qk_norm else None,
                 )
             )
         embed = weight("model.embed_tokens.weight")  # [V, D]
@@ -192,7 +223,11 @@ class LlamaBackend(SlotCache):
         self.shape = shape
         self.vocab_size = shape.vocab_size
         self.num_layers = shape.num_layers
-        self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH)
+        window = shape.sliding_window or shape.max_position_embeddings
+        self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH, window)
+        if self.max_length > window:
+            raise ValueError(f"this {shape.architecture} model attends within a sliding window of {window} tokens, "
+                             f"which the Llama forward does not implement: use a max_length of at most {window}")
         self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self._len = 0
         self._layers, self._embed, self._norm, self._lm_head = layers, embed, norm, head  # [V, D], [D], D -> V
@@ -306,6 +341,9 @@ class LlamaBackend(SlotCache):
             h = F.rms_norm(x, (d,), layer.attn_norm, s.rms_norm_eps)  # [T, D]
             qkv = layer.qkv(h, few_rows).view(t, hq + 2 * hkv, hd)  # [T, Hq + 2Hkv, hd]
             qk = qkv[:, : hq + hkv]  # [T, Hq + Hkv, hd]
+            if layer.q_norm is not None:
+                qk = torch.cat((F.rms_norm(qk[:, :hq], (hd,), layer.q_norm, s.rms_norm_eps),
+                                F.rms_norm(qk[:, hq:], (hd,), layer.k_norm, s.rms_norm_eps)), 1)
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # RoPE on queries and keys together
             layer.slots[:hkv, start:end] = qk[:, hq:].transpose(0, 1)
             layer.slots[hkv:, start:end] = qkv[:, hq + hkv :].transpose(0, 1)

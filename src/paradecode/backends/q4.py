@@ -135,7 +135,13 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Itera
     unpacked at once)."""
     from gguf import GGUFReader
 
-    tensors = {tensor.name: tensor for tensor in GGUFReader(str(path)).tensors}
+    reader = GGUFReader(str(path))
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    field = reader.fields.get("general.architecture")
+    architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else "llama"
+    # llama.cpp's converter reorders the q and k rows of the "llama" architecture (Llama, Mistral) for its RoPE;
+    # qwen2 and qwen3 files keep the checkpoint's order.
+    permuted = architecture == "llama"
 
     def blocks(name: str) -> Blocks:
         tensor = tensors.get(name)
@@ -156,8 +162,9 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Itera
 
     for i in range(num_layers):
         name = f"blk.{i}.{{}}.weight"
-        q = unpermute(blocks(name.format("attn_q")), heads)
-        k = unpermute(blocks(name.format("attn_k")), kv_heads)
+        q, k = blocks(name.format("attn_q")), blocks(name.format("attn_k"))
+        if permuted:
+            q, k = unpermute(q, heads), unpermute(k, kv_heads)
         yield dict(
             qkv=Blocks.cat([q, k, blocks(name.format("attn_v"))]),
             o=blocks(name.format("attn_output")),

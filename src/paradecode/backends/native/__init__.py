@@ -108,7 +108,8 @@ def check(key: str, build_dir: str, source: str) -> None:
         forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
                                      torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
                                      torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
-        forward.add_layer(torch.ones(d), torch.ones(d), qkv, o, gate_up, projection(d, inter, precise=True))
+        forward.add_layer(torch.ones(d), torch.ones(d), qkv, o, gate_up, projection(d, inter, precise=True),
+                          torch.empty(0), torch.empty(0))
         forward.set_head(projection(vocab, d, precise=True))
         return forward
 

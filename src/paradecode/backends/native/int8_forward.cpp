@@ -50,10 +50,13 @@ class Int8Forward {
     kernels_.fill(kOwn);
   }
 
+  // q_norm, k_norm: [head_dim] float32 weights of a per-head RMSNorm before RoPE (Qwen3), or empty tensors.
   void add_layer(at::Tensor attn_norm, at::Tensor mlp_norm, const py::tuple& qkv, const py::tuple& o,
-                 const py::tuple& gate_up, const py::tuple& down) {
+                 const py::tuple& gate_up, const py::tuple& down, at::Tensor q_norm, at::Tensor k_norm) {
+    TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == hd_),
+                "q_norm and k_norm must both be empty or both [head_dim]");
     layers_.push_back(Layer{attn_norm.contiguous(), mlp_norm.contiguous(), projection(qkv), projection(o),
-                            projection(gate_up), projection(down)});
+                            projection(gate_up), projection(down), q_norm.contiguous(), k_norm.contiguous()});
   }
 
   void set_head(const py::tuple& head) { head_ = projection(head); }
@@ -147,7 +150,7 @@ class Int8Forward {
       clock_.lap(kNorm);
       qkv_.resize(t * layer.qkv.out_features());
       layer.qkv.apply(kernel, h_.data(), t, qkv_.data(), false, clock_, ws_);
-      rope_and_store(qkv_.data(), t, layer.qkv.out_features(), pos.data_ptr<int64_t>(), segments, cache);
+      rope_and_store(qkv_.data(), t, layer, pos.data_ptr<int64_t>(), segments, cache);
       clock_.lap(kRope);
       attn_.resize(t * hq_ * hd_);
       attention(qkv_.data(), layer.qkv.out_features(), segments, cache, t);
@@ -239,13 +242,16 @@ class Int8Forward {
     });
   }
 
-  // RoPE (rotate-half layout) on the query and key heads of qkv [T, width], in place; keys (transposed) and
-  // values go to each row's physical slot.
-  void rope_and_store(float* qkv, int64_t t, int64_t width, const int64_t* pos, const std::vector<Segment>& segments,
-                      const LayerCache& cache) const {
-    const int64_t half_dim = hd_ / 2;
+  // RoPE (rotate-half layout) on the query and key heads of qkv [T, width], in place, after the layer's per-head
+  // RMSNorm where it has one; keys (transposed) and values go to each row's physical slot.
+  void rope_and_store(float* qkv, int64_t t, const Layer& layer, const int64_t* pos,
+                      const std::vector<Segment>& segments, const LayerCache& cache) const {
+    const int64_t half_dim = hd_ / 2, width = layer.qkv.out_features();
     const float* cosp = cos_.data_ptr<float>();
     const float* sinp = sin_.data_ptr<float>();
+    const bool normed = layer.q_norm.numel() > 0;
+    const float* q_norm = normed ? layer.q_norm.data_ptr<float>() : nullptr;
+    const float* k_norm = normed ? layer.k_norm.data_ptr<float>() : nullptr;
     for (const Segment& segment : segments) {
       at::parallel_for(0, segment.count, 16, [&](int64_t i0, int64_t i1) {
         std::vector<float> rotated(hd_);
@@ -255,6 +261,11 @@ class Int8Forward {
           const float* s = sinp + pos[r] * hd_;
           for (int64_t head = 0; head < hq_ + hkv_; ++head) {
             float* x = qkv + r * width + head * hd_;
+            if (normed) {
+              const float* w = head < hq_ ? q_norm : k_norm;
+              const float inv = 1.f / std::sqrt(dot(x, x, hd_) / static_cast<float>(hd_) + static_cast<float>(eps_));
+              for (int64_t j = 0; j < hd_; ++j) x[j] = x[j] * inv * w[j];
+            }
             for (int64_t j = 0; j < half_dim; ++j) rotated[j] = x[j] * c[j] + x[j + half_dim] * s[j];
             for (int64_t j = half_dim; j < hd_; ++j) rotated[j] = x[j] * c[j] + x[j - half_dim] * s[j];
             std::copy(rotated.begin(), rotated.end(), x);

@@ -214,6 +214,7 @@ struct Projection {
 struct Layer {
   at::Tensor attn_norm, mlp_norm;  // [D]
   Projection qkv, o, gate_up, down;
+  at::Tensor q_norm, k_norm;  // [head_dim] RMSNorm weights of each query / key head before RoPE (Qwen3), or empty
 };
 
 inline c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {

@@ -407,17 +407,22 @@ def plot(curves: dict[str, dict[int, float]], path: Path) -> None:
     from paradecode.synthetic import SHAPES
 
     shown = [s for s in sizes() if any(k.startswith(f"{s}|") for k in curves)]
+    engines = sorted({key.split("|")[1] for key in curves})
+    colors = {engine: f"C{i}" for i, engine in enumerate(engines)}  # one color per engine in every panel
     fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.4), squeeze=False)
     for ax, size in zip(axes[0], shown):
         for key, curve in sorted(curves.items()):
             if key.startswith(f"{size}|"):
-                ax.plot(list(curve), [1000 * s for s in curve.values()], marker="o", label=key.split("|")[1])
+                engine = key.split("|")[1]
+                ax.plot(list(curve), [1000 * s for s in curve.values()], marker="o", label=engine,
+                        color=colors[engine])
         ax.set_xscale("log", base=2)
         ax.set_title(size if size == REAL else f"{size} ({SHAPES[size]['model']} shape)", fontsize=9)
         ax.set_xlabel("T (new tokens per pass)")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("ms per pass")
-    axes[0][-1].legend(fontsize=7)
+    handles = [plt.Line2D([], [], color=colors[e], marker="o", label=e) for e in engines]
+    axes[0][0].legend(handles=handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

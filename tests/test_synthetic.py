@@ -108,3 +108,44 @@ def test_the_real_shapes_are_what_the_scaling_benchmark_names():
               for size, spec in synthetic.SHAPES.items()}
     assert 0.45 < params["0.5b"] < 0.55 and 1.1 < params["1b"] < 1.3
     assert 3.0 < params["3b"] < 3.4 and 7.8 < params["8b"] < 8.2
+
+
+def _scaling_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
+    spec = importlib.util.spec_from_file_location("scaling_script", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_projection_prices_each_step_at_its_width(tmp_path):
+    """benchmarks/scaling.py's report: widths between measured T interpolate linearly, beyond the last extrapolate;
+    a method's rate is its tokens over its steps' prices; the per-step overhead is what the run's wall time holds
+    beyond the curve; paired ratios are per-round medians."""
+    scaling = _scaling_script()
+    curve = {1: 0.010, 2: 0.012, 4: 0.020, 8: 0.040, 16: 0.100}
+    assert scaling._interpolate(curve, 3) == pytest.approx(0.016)
+    assert scaling._interpolate(curve, 20) == pytest.approx(0.130)
+    records = tmp_path / "records.jsonl"
+    turns = {  # ar: 4 steps of one token; ngram: a 3-row step taking 3 tokens and a 1-row step taking 1
+        "ar": dict(draft_lengths=[0, 0, 0, 0], accepted_per_step=[1, 1, 1, 1], wall_time_s=0.05,
+                   stats=dict(prefill_time_s=0.01)),
+        "ngram": dict(draft_lengths=[2, 0], accepted_per_step=[3, 1], wall_time_s=0.036,
+                      stats=dict(prefill_time_s=0.0)),
+        "lookahead": dict(draft_lengths=[2], accepted_per_step=[2], wall_time_s=0.01, stats={}),
+    }
+    records.write_text("\n".join(json.dumps(dict(method=m, turns=[t])) for m, t in turns.items()))
+    steps = scaling.method_steps(records)
+    assert sorted(steps) == ["ar", "ngram"]  # lookahead's window rows are not in its records: left out
+    assert steps["ar"].overhead(curve) == pytest.approx(0.0)  # 40 ms of decoding = 4 passes of 10 ms
+    assert steps["ngram"].overhead(curve) == pytest.approx((0.036 - 0.016 - 0.010) / 2)
+    assert steps["ar"].rate(curve, 0.0) == pytest.approx(100.0)
+    assert steps["ngram"].rate(curve, 0.005) == pytest.approx(4 / (0.016 + 0.010 + 0.010))
+    slow = dict(rounds=[{"1": 2.0}, {"1": 3.0}, {"1": 10.0}])
+    fast = dict(rounds=[{"1": 1.0}, {"1": 1.0}, {"1": 2.0}])
+    assert scaling.paired_ratio(slow, fast) == pytest.approx(3.0)
+    assert scaling.median_curve(slow["rounds"]) == {1: 3.0}

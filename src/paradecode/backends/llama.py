@@ -1,7 +1,8 @@
 """The reference backend: a compact Llama-family transformer of our own with a preallocated KV cache.
 
-Reads Hugging Face Llama checkpoints (``config.json`` + ``model.safetensors``, or a loaded
-``LlamaForCausalLM``) and reproduces transformers' logits in fp32. Built for small-batch CPU decoding:
+Reads Hugging Face checkpoints of the Llama family (``ARCHITECTURES``: Llama, Mistral, Qwen2, Qwen3;
+``config.json`` + ``model.safetensors``, or a loaded transformers model) and reproduces transformers' logits in
+fp32. Built for small-batch CPU decoding:
 q/k/v and gate/up are fused into one matmul each at load time, the residual adds ride on ``addmm``, RoPE
 tables are computed once for every position, and attention is ``scaled_dot_product_attention`` with GQA.
 

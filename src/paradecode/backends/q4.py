@@ -43,6 +43,11 @@ class Blocks:
         q = self.q.float().reshape(n, k // GROUP, GROUP)
         return (self.d.float()[..., None] * q + self.m.float()[..., None]).reshape(n, k)
 
+    @property
+    def m_is_minus_8d(self) -> bool:
+        """Whether every block is Q4_0's (m = -8 d, exactly as a half float), so m need not be stored."""
+        return torch.equal(self.m.float(), self.d.float() * -8)
+
     def rows(self, index: torch.Tensor) -> Blocks:
         return Blocks(self.q[index], self.d[index], self.m[index])
 
@@ -64,9 +69,11 @@ def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
     return Blocks(torch.from_numpy(q.copy()), torch.from_numpy(d.copy()), torch.from_numpy(m.copy()))
 
 
-def pack(blocks: Blocks) -> torch.Tensor:
+def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     """The native kernel's layout (gemm_q4.h): per 16 columns and 32 inputs, 256 bytes of nibbles (vector j,
-    column c, byte i: input 8j+i low, 8j+4+i high), then the 16 columns' d and m as half floats."""
+    column c, byte i: input 8j+i low, 8j+4+i high), then the 16 columns' d and, unless every m is -8 d (Q4_0:
+    the kernel computes it, to the same bits), m as half floats. ``with_m`` forces m in or out (out only where
+    every m is -8 d)."""
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
     groups = k // GROUP
@@ -79,7 +86,12 @@ def pack(blocks: Blocks) -> torch.Tensor:
     q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
     nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [block, column, group, j, i]
     nibbles = nibbles.permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
-    scales = [x.reshape(b, BLOCK_COLS, groups).permute(0, 2, 1).contiguous().view(torch.uint8) for x in (d, m)]
+    if with_m is None:
+        with_m = not blocks.m_is_minus_8d
+    elif not with_m and not blocks.m_is_minus_8d:
+        raise ValueError("m can be left out only where every m is -8 d (Q4_0 blocks)")
+    stored = (d, m) if with_m else (d,)
+    scales = [x.reshape(b, BLOCK_COLS, groups).permute(0, 2, 1).contiguous().view(torch.uint8) for x in stored]
     return torch.cat([nibbles, *scales], dim=2).reshape(-1).contiguous()
 
 

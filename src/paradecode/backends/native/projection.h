@@ -78,7 +78,9 @@ struct Projection {
   bool is_q4() const { return q4.defined(); }
   int64_t row_bytes() const { return is_q4() ? k : packed_quads(k) * 4; }
   PackedQ4 q4_weights() const {
-    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols};
+    const bool with_m = q4.numel() == q4_packed_bytes(n, k, true);
+    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols,
+            with_m ? kQ4GroupBytes : kQ4GroupBytesNoM};
   }
   PackedInt8 own_weights() const {
     return {own.data_ptr<uint8_t>(), own_scale.data_ptr<float>(), n, k, packed_quads(k), own_scale.size(0) / kBlockCols};
@@ -245,9 +247,10 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
 
 // A 4-bit projection: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32).
 inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == q4_packed_bytes(n, k) &&
-                  k % kQ4Group == 0,
-              "a 4-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k) bytes, k a multiple of 32");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && k % kQ4Group == 0 &&
+                  (packed.numel() == q4_packed_bytes(n, k, true) || packed.numel() == q4_packed_bytes(n, k, false)),
+              "a 4-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k, with_m) bytes, k a "
+              "multiple of 32");
   Projection p;
   p.n = n;
   p.k = k;

@@ -267,20 +267,18 @@ PROJECTED = ("ar", "ngram", "pld", "pld-tree", "jacobi", "auto")
 
 @dataclass
 class Steps:
-    """One method's decoding in a bench run: every step's (rows verified, tokens committed), and the seconds
-    its steps took beyond their target passes (drafting, sampling, bookkeeping) per step, measured at 135M."""
+    """One method's decoding in a bench run: every step's (rows verified, tokens committed)."""
 
     steps: list[tuple[int, int]]
-    decode_s: float  # the answers' wall time less their prefill
 
-    def overhead(self, curve: dict[int, float]) -> float:
-        """Seconds per step that are not the target pass, with ``curve`` the run's model's pass times."""
-        passes = sum(_interpolate(curve, w) for w, _ in self.steps)
-        return max(0.0, (self.decode_s - passes) / len(self.steps))
+    def rate(self, curve: dict[int, float]) -> float:
+        """Tokens per second with each step priced by ``curve`` at its width (the forward passes only: the
+        per-step drafting, sampling and bookkeeping, ~1-3 ms at 135M, are left out for every method alike)."""
+        return sum(a for _, a in self.steps) / sum(_interpolate(curve, w) for w, _ in self.steps)
 
-    def rate(self, curve: dict[int, float], overhead: float) -> float:
-        """Tokens per second with each step priced by ``curve`` at its width, plus ``overhead``."""
-        return sum(a for _, a in self.steps) / sum(_interpolate(curve, w) + overhead for w, _ in self.steps)
+    @property
+    def tau(self) -> float:
+        return sum(a for _, a in self.steps) / len(self.steps)
 
 
 def method_steps(records: Path) -> dict[str, Steps]:
@@ -290,11 +288,10 @@ def method_steps(records: Path) -> dict[str, Steps]:
         record = json.loads(line)
         if record["method"] not in PROJECTED:
             continue
-        steps = out.setdefault(record["method"], Steps([], 0.0))
+        steps = out.setdefault(record["method"], Steps([]))
         for turn in record["turns"]:
             widths = turn.get("draft_lengths") or [0] * len(turn["accepted_per_step"])
             steps.steps.extend((w + 1, a) for w, a in zip(widths, turn["accepted_per_step"]))
-            steps.decode_s += turn["wall_time_s"] - turn["stats"].get("prefill_time_s", 0.0)
     return out
 
 
@@ -356,21 +353,16 @@ def report(args: argparse.Namespace) -> int:
                   for d in ("q4", "int8")]
         lines.append(f"| {size} | {1000 * llama[name][1]:.1f} ({name.split()[-1]}) | " + " | ".join(cells) + " | "
                      + " | ".join(ratios) + " |")
-    anchor = curves.get(f"{REAL}|ours q4")
-    if steps and anchor:
+    if steps:
         methods = [m for m in PROJECTED if m in steps]
-        overheads = {m: steps[m].overhead(anchor) for m in methods}
         lines.append("")
         lines.append("### Projected decoding speed per method")
         lines.append("")
         lines.append("Each method's steps (rows verified, tokens committed) as measured on SmolLM2-135M on q4 "
                      f"({args.records}), each priced by the size's measured forward time of ours on q4 at its "
-                     "width, plus the method's per-step time beyond its forward pass as measured at 135M ("
-                     + ", ".join(f"`{m}` {1000 * overheads[m]:.2f} ms" for m in methods) + "). Against "
-                     "llama.cpp's plain decoding at one forward per token of its faster build (forward only, no "
-                     "sampling: in its favour). τ (tokens per step): "
-                     + ", ".join(f"`{m}` {sum(a for _, a in steps[m].steps) / len(steps[m].steps):.2f}"
-                                 for m in methods) + ".")
+                     "width; forward passes only, for every method and for llama.cpp's plain decoding (one "
+                     "forward per token of its faster build). τ (tokens per step): "
+                     + ", ".join(f"`{m}` {steps[m].tau:.2f}" for m in methods) + ".")
         lines.append("")
         lines.append("| size | llama.cpp tok/s | " + " | ".join(f"`{m}` tok/s (vs llama.cpp)" for m in methods)
                      + " | best vs our `ar` |")
@@ -380,7 +372,7 @@ def report(args: argparse.Namespace) -> int:
             if ours is None or size not in best_llama:
                 continue
             llama_rate = 1.0 / best_llama[size][1][1]
-            rates = {m: steps[m].rate(ours, overheads[m]) for m in methods}
+            rates = {m: steps[m].rate(ours) for m in methods}
             best = max(rates, key=rates.get)
             cells = [f"{rates[m]:.1f} ({rates[m] / llama_rate:.2f}x)" for m in methods]
             lines.append(f"| {size} | {llama_rate:.1f} | " + " | ".join(cells)

@@ -124,8 +124,7 @@ def _scaling_script():
 
 def test_the_projection_prices_each_step_at_its_width(tmp_path):
     """benchmarks/scaling.py's report: widths between measured T interpolate linearly, beyond the last extrapolate;
-    a method's rate is its tokens over its steps' prices; the per-step overhead is what the run's wall time holds
-    beyond the curve; paired ratios are per-round medians."""
+    a method's rate is its tokens over its steps' prices; paired ratios are per-round medians."""
     scaling = _scaling_script()
     curve = {1: 0.010, 2: 0.012, 4: 0.020, 8: 0.040, 16: 0.100}
     assert scaling._interpolate(curve, 3) == pytest.approx(0.016)
@@ -141,10 +140,8 @@ def test_the_projection_prices_each_step_at_its_width(tmp_path):
     records.write_text("\n".join(json.dumps(dict(method=m, turns=[t])) for m, t in turns.items()))
     steps = scaling.method_steps(records)
     assert sorted(steps) == ["ar", "ngram"]  # lookahead's window rows are not in its records: left out
-    assert steps["ar"].overhead(curve) == pytest.approx(0.0)  # 40 ms of decoding = 4 passes of 10 ms
-    assert steps["ngram"].overhead(curve) == pytest.approx((0.036 - 0.016 - 0.010) / 2)
-    assert steps["ar"].rate(curve, 0.0) == pytest.approx(100.0)
-    assert steps["ngram"].rate(curve, 0.005) == pytest.approx(4 / (0.016 + 0.010 + 0.010))
+    assert steps["ar"].rate(curve) == pytest.approx(100.0) and steps["ar"].tau == 1.0
+    assert steps["ngram"].rate(curve) == pytest.approx(4 / (0.016 + 0.010)) and steps["ngram"].tau == 2.0
     slow = dict(rounds=[{"1": 2.0}, {"1": 3.0}, {"1": 10.0}])
     fast = dict(rounds=[{"1": 1.0}, {"1": 1.0}, {"1": 2.0}])
     assert scaling.paired_ratio(slow, fast) == pytest.approx(3.0)

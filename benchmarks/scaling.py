@@ -6,9 +6,10 @@ weight reading and a T-token forward's cost follows from the shapes, not the val
 1. writes, per size, a GGUF file of random weights in a real model's shapes, as ``llama-quantize Q4_0`` lays one
    out: every layer's projections Q4_0, the LM head Q6_K (Q8_0 where the hidden size is no multiple of 256, as
    llama-quantize falls back), norms F32, and a placeholder vocabulary llama.cpp loads;
-2. times one forward pass over T = 1, 2, 4, 8, 16 new tokens after a 256-token context, in a fresh process each:
-   ours on that file's own 4-bit blocks (``q4``) and on the same weights quantized per channel to int8 (``int8``),
-   and llama.cpp's ``llama-bench`` (``-p T -d 256``) in the portable and, where built, the native build;
+2. times one forward pass over T = 1, 2, 4, 8, 16 new tokens after a 256-token context, in rounds that take
+   every engine in turn: ours (loaded once per size in a child process) on that file's own 4-bit blocks
+   (``q4``) and on the same weights quantized per channel to int8 (``int8``), and llama.cpp's ``llama-bench``
+   (``-p T -d 256``) in the portable and, where built, the native build;
 3. ``report`` writes the table, the plot, and what each lossless method would give at each size: its steps'
    widths and accepted tokens as measured on the real SmolLM2-135M (a ``paradecode bench`` run's records), each
    step priced by the size's measured curve.
@@ -54,10 +55,9 @@ def cache_dir() -> Path:
 
 def gguf_path(size: str) -> Path:
     if size == REAL:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from llama_server import default_gguf
+        from paradecode.models import BUILTIN_MODELS
 
-        return Path(default_gguf())
+        return BUILTIN_MODELS["smollm2-135m"].gguf()
     return cache_dir() / f"synthetic-{size}-q4_0.gguf"
 
 
@@ -122,15 +122,12 @@ class Ours:
 def int8_fits(size: str) -> bool:
     """Whether the int8 backend of ``size`` fits in the memory now available: its int8 weights twice (ours and
     fbgemm's packed copy) and the fp32 embedding, with 10% to spare."""
-    from paradecode.synthetic import SHAPES
+    from paradecode.synthetic import SHAPES, parameters
 
     if size == REAL:
         return True
-    s = SHAPES[size]
-    d, hd = s["hidden_size"], s["head_dim"]
-    layer = d * (s["num_heads"] + 2 * s["num_kv_heads"]) * hd + s["num_heads"] * hd * d + 3 * d * s["intermediate_size"]
-    head = s["vocab_size"] * d
-    need = 1.1 * (2 * (s["num_layers"] * layer + head) + 4 * head)
+    layer, head = parameters(SHAPES[size])
+    need = 1.1 * (2 * (SHAPES[size]["num_layers"] * layer + head) + 4 * head)
     available = 0
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -338,7 +335,8 @@ def report(args: argparse.Namespace) -> int:
     lines.append("")
     lines.append("Medians over the rounds; the ratios are the medians of each round's ratio.")
     lines.append("")
-    lines.append("| size | llama.cpp (faster build), ms | ours q4 | ours int8 | q4 speed vs llama.cpp | int8 vs llama.cpp |")
+    lines.append("| size | llama.cpp (faster build), ms | ours q4 | ours int8 | q4 speed vs llama.cpp "
+                 "| int8 vs llama.cpp |")
     lines.append("|---|---|---|---|---|---|")
     best_llama = {}
     for size in sizes():

@@ -222,14 +222,18 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     _note(f"cached converted model in {out_dir}")
 
 
+def gguf_architecture(reader) -> str | None:
+    """A GGUF file's ``general.architecture`` (llama, qwen2, gemma3, ...) from its ``gguf.GGUFReader``, or None."""
+    field = reader.fields.get("general.architecture")
+    return bytes(field.parts[field.data[0]]).decode() if field is not None else None
+
+
 def _check_gguf(path: Path) -> None:
     """Read the GGUF header with the ``gguf`` library, so a bad file fails fast and clearly."""
     from gguf import GGUFReader
 
     try:
-        reader = GGUFReader(path)
-        field = reader.fields.get("general.architecture")
-        architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+        architecture = gguf_architecture(GGUFReader(path))
     except Exception as error:
         raise ParadecodeError(
             f"could not read model file {path}: {type(error).__name__}: {error}. "

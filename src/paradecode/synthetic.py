@@ -43,6 +43,12 @@ def llama_shape(spec: Mapping[str, Any]):
                       rope=dict(rope_type="default", rope_theta=spec["rope_theta"]))
 
 
+def parameters(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """(weights of one layer's projections, of the output matrix) of a SHAPES entry."""
+    d, hd, heads, kv = spec["hidden_size"], spec["head_dim"], spec["num_heads"], spec["num_kv_heads"]
+    return d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * spec["intermediate_size"], spec["vocab_size"] * d
+
+
 # -- random blocks, as the quantizers lay them out ---------------------------------------------------------------
 def _half(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)

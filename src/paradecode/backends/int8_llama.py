@@ -179,8 +179,8 @@ class Int8LlamaBackend(LlamaBackend):
         keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
         stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, self._embed, self._norm,
                                    self._cos, self._sin, values, keys_t, PAGE)
+        none = torch.empty(0)  # a layer without per-head q/k norms
         for layer in self._layers:
-            none = torch.empty(0)
             stack.add_layer(layer.attn_norm, layer.mlp_norm, *(getattr(layer, name).parts() for name in PROJECTIONS),
                             none if layer.q_norm is None else layer.q_norm.float(),
                             none if layer.k_norm is None else layer.k_norm.float())

@@ -76,13 +76,8 @@ class LlamaShape:
         if rope["rope_type"] not in ("default", "llama3"):
             raise ValueError(f"unsupported rope_type {rope['rope_type']!r}; the Llama forward knows 'default' and "
                              "'llama3'")
-        window = config.get("sliding_window")
-        if architecture in ("qwen2", "qwen3"):
-            if config.get("use_sliding_window"):
-                raise ValueError(f"{architecture} with use_sliding_window is not supported (sliding-window layers)")
-            window = None
-        elif architecture == "llama":
-            window = None
+        if architecture in ("qwen2", "qwen3") and config.get("use_sliding_window"):
+            raise ValueError(f"{architecture} with use_sliding_window is not supported (sliding-window layers)")
         bias = bool(config.get("attention_bias", False))
         num_heads = config["num_attention_heads"]
         return cls(
@@ -101,7 +96,7 @@ class LlamaShape:
             rope=rope,
             o_bias=False if architecture == "qwen2" else bias,
             qk_norm=architecture == "qwen3",
-            sliding_window=window,
+            sliding_window=config.get("sliding_window") if architecture == "mistral" else None,
             architecture=architecture,
         )
 

@@ -147,13 +147,13 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Itera
     unpacked at once)."""
     from gguf import GGUFReader
 
+    from paradecode.models import gguf_architecture
+
     reader = GGUFReader(str(path))
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    field = reader.fields.get("general.architecture")
-    architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else "llama"
     # llama.cpp's converter reorders the q and k rows of the "llama" architecture (Llama, Mistral) for its RoPE;
     # qwen2 and qwen3 files keep the checkpoint's order.
-    permuted = architecture == "llama"
+    permuted = gguf_architecture(reader) in ("llama", None)
 
     def blocks(name: str) -> Blocks:
         tensor = tensors.get(name)

@@ -1,4 +1,4 @@
-"""Trained-head drafters (eagle, medusa): lossless with random heads, exact under sampling, heads load safely.
+"""Trained-head drafters (eagle, eagle3, medusa): lossless with random heads, exact under sampling, heads load safely.
 
 Greedy output equals ``ar`` token for token on tiny random models with randomly initialised heads (chains,
 trees, a draft vocabulary, EOS inside drafts, chain-only backends); sampled outputs follow the target's
@@ -29,7 +29,9 @@ def make_head(kind: str, model_dir, folder, seed: int = 0, draft_ids=None, scale
     """A randomly initialised head for the model in ``model_dir``, saved to ``folder``."""
     weights = target_weights(str(model_dir))
     torch.manual_seed(seed)
-    module = build_head(kind, HeadShape.from_target_config(weights.config), num_heads=3)
+    module = build_head(kind, HeadShape.from_target_config(weights.config), num_heads=3,
+                        num_layers=weights.config["num_hidden_layers"],
+                        draft_vocab=len(draft_ids) if draft_ids is not None else 0)
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn_like(p) * scale / p.shape[-1] ** 0.5 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
@@ -41,7 +43,7 @@ def make_head(kind: str, model_dir, folder, seed: int = 0, draft_ids=None, scale
 def setup(tmp_path_factory):
     model_dir = tiny_model_dir(tmp_path_factory.mktemp("target"), seed=3)
     heads = {}
-    for kind in ("eagle", "medusa"):
+    for kind in ("eagle", "eagle3", "medusa"):
         heads[kind] = make_head(kind, model_dir, tmp_path_factory.mktemp(kind), seed=1)
         subset = torch.randperm(len(WORDS), generator=torch.Generator().manual_seed(2))[:30]
         heads[kind + "-vocab"] = make_head(kind, model_dir, tmp_path_factory.mktemp(kind + "v"), 2, subset)
@@ -69,7 +71,10 @@ CASES = [("eagle", "", {"tree": True, "depth": 6, **FIXED}), ("eagle", "", {"dep
          ("medusa", "", {"tree": True, **FIXED}), ("medusa", "", {}), ("medusa", "", {"tree": True}),
          ("medusa", "medusa-vocab", {"tree": True, "branching": 5, **FIXED}),
          ("eagle", "eagle-vocab", {"tree": True, "draft_vocab": 10, **FIXED}),
-         ("eagle", "", {"tree": True, "head_dtype": "fp32", **FIXED}), ("medusa", "", {"head_dtype": "fp32", **FIXED})]
+         ("eagle", "", {"tree": True, "head_dtype": "fp32", **FIXED}), ("medusa", "", {"head_dtype": "fp32", **FIXED}),
+         ("eagle3", "", {"tree": True, "depth": 6, **FIXED}), ("eagle3", "", {"depth": 4, **FIXED}), ("eagle3", "", {}),
+         ("eagle3", "eagle3-vocab", {"tree": True, "budget": 7, **FIXED}),
+         ("eagle3", "eagle3-vocab", {"tree": True, "draft_vocab": 10, "head_dtype": "fp32", **FIXED})]
 
 
 @pytest.mark.parametrize("method,head,options", CASES)
@@ -88,7 +93,7 @@ def test_greedy_equals_autoregressive(setup, method, head, options):
         assert accepted > 0 or not options.get("tree")  # trees of random heads hit the target's token at times
 
 
-@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
 def test_eos_inside_a_draft_and_chain_only_backends(setup, method):
     for prompt in PROMPTS[:3]:
         reference, _ = generate(setup, "ar", prompt, max_new_tokens=30)
@@ -100,7 +105,7 @@ def test_eos_inside_a_draft_and_chain_only_backends(setup, method):
         assert got == reference and all(s.parents is None for s in stats.steps)
 
 
-@pytest.mark.parametrize("method,tree", [("eagle", True), ("medusa", True), ("eagle", False)])
+@pytest.mark.parametrize("method,tree", [("eagle", True), ("medusa", True), ("eagle", False), ("eagle3", True)])
 def test_sampling_through_the_engine_matches_the_model(tmp_path, method, tree):
     """The first two tokens sampled with a random head and a draft vocabulary (trees of branching 3) follow
     the target's joint law p(a) p(b | a)."""
@@ -164,24 +169,30 @@ def test_eagle_tree_children_rank_by_their_branch_logits(setup):
         assert top == children, (node, path)
 
 
-def test_unrolled_training_passes_compute_what_drafting_computes(setup):
-    """Pass k of the training unroll at position r + k - 2 equals the depth-k chain draft from root r."""
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_unrolled_training_passes_compute_what_drafting_computes(setup, kind):
+    """Pass k of the training unroll at position r + k - 2 equals the depth-k chain draft from root r (EAGLE-3:
+    pass 1 reads the target's aux features, deeper passes the head's own outputs)."""
     from paradecode.training.losses import Batch, eagle_passes
 
     weights = target_weights(str(setup.model_dir))
     torch.manual_seed(0)
-    module = build_head("eagle", HeadShape.from_target_config(weights.config))
+    module = build_head(kind, HeadShape.from_target_config(weights.config), num_layers=2)
+    with torch.no_grad():  # away from the identity start, so that fc and the layer matter
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
     tokens = torch.randint(2, len(WORDS), (14,))
     backend = setup.backend
     backend.reset()
-    hidden = backend.forward(tokens, return_hidden=True).hidden  # [T, D]
+    out = backend.forward(tokens, return_hidden=True, aux_layers=module.aux_layers)
+    hidden = out.aux if module.aux_layers else out.hidden  # [T, D] or [T, A*D]
     batch = Batch(tokens[None].repeat(2, 1), hidden[None].repeat(2, 1, 1), torch.tensor([14, 14]),
                   torch.tensor([3, 7]))  # passes >= 2 start at the shortest prompt's last token (root 2)
     with torch.no_grad():
         passes = eagle_passes(module, weights.embed, batch, depth=3)
         for root in (2, 4, 9):
             cache = EagleCache(module.shape, 64)
-            out, _ = module(weights.embed[tokens[1 : root + 1]][None], hidden[None, :root],
+            out, _ = module(weights.embed[tokens[1 : root + 1]][None], module.fuse(hidden[None, :root]),
                             torch.arange(root)[None], causal_mask(0, root)[None], cache=cache)  # true pairs 0..root-1
             feature = out[0, -1]
             for k in range(1, 4):

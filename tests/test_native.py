@@ -190,8 +190,8 @@ def test_sequences_sharing_a_pass_get_exactly_their_own_rows():
     native.forward(a[:80], torch.arange(80), [(pages_a, 0, 80, None)], list(range(3)), False)
     native.forward(b[:70], torch.arange(70), [(pages_b, 0, 70, None)], list(range(3)), False)
     mask_b = torch.ones(20, 90, dtype=torch.bool).tril(70)  # b's rows as an explicit causal mask
-    _, both = native.forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
-                             [(pages_a, 80, 20, None), (pages_b, 70, 20, mask_b)], list(range(3)), True)
+    both = native.forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
+                          [(pages_a, 80, 20, None), (pages_b, 70, 20, mask_b)], list(range(3)), True)[1]
     assert torch.equal(both[:20], alone_a) and torch.equal(both[20:], alone_b)
 
 

@@ -173,8 +173,8 @@ def test_q4_sequences_sharing_a_pass_get_exactly_their_own_rows():
     alone_a, alone_b = run_alone(a, pages_a, 80), run_alone(b, pages_b, 70)
     forward(a[:80], torch.arange(80), [(pages_a, 0, 80, None)], layers, False)
     forward(b[:70], torch.arange(70), [(pages_b, 0, 70, None)], layers, False)
-    _, both = forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
-                      [(pages_a, 80, 20, None), (pages_b, 70, 20, None)], layers, True)
+    both = forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
+                   [(pages_a, 80, 20, None), (pages_b, 70, 20, None)], layers, True)[1]
     assert torch.equal(both[:20], alone_a) and torch.equal(both[20:], alone_b)
     assert isinstance(backend.batcher(1 << 20), Batcher)
 

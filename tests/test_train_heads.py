@@ -57,8 +57,9 @@ def test_data_folder_refuses_other_prompts(tmp_path):
 
 
 def test_int8_teacher_answers_like_the_int8_backend_in_any_number_of_workers(tmp_path, monkeypatch):
-    """The default teacher: the int8 backend's own greedy answers, with the hidden states it computes along
-    them; two worker processes write the same shards as one."""
+    """The default teacher: the int8 backend's own greedy answers (several prompts decoding at once, each answer
+    the one it gets alone), with the hidden states it computes along them; two worker processes write the
+    same shards as one; a tokens-only run (``hidden=False``) keeps the same answers without them."""
     import paradecode
     from paradecode.training import selfdistill
 
@@ -66,14 +67,19 @@ def test_int8_teacher_answers_like_the_int8_backend_in_any_number_of_workers(tmp
     words = ["w%d" % i for i in range(2, 40)]
     prompts = [" ".join(words[i : i + 2 + i % 5]) for i in range(8)]
     monkeypatch.setattr(selfdistill, "SHARD_SIZE", 4)  # two shards
-    config = DistillConfig(max_new_tokens=12, teacher="int8")
+    config = DistillConfig(max_new_tokens=12, teacher="int8", batch_size=3)
     cache = str(tmp_path / "cache")
     one = selfdistill.generate_dataset(model_dir, prompts, tmp_path / "one", config, log=lambda m: None,
                                        cache_dir=cache)
     two = selfdistill.generate_dataset(model_dir, prompts, tmp_path / "two", config, log=lambda m: None,
                                        workers=2, cache_dir=cache)
     assert len(one) == len(two) == 2
+    tokens_only = selfdistill.generate_dataset(model_dir, prompts, tmp_path / "tokens", dataclasses.replace(
+        config, hidden=False, shard_size=8), log=lambda m: None, cache_dir=cache)
+    assert len(tokens_only) == 1
     rows, parallel = selfdistill.load_shards(one), selfdistill.load_shards(two)
+    for row, bare in zip(rows, selfdistill.load_shards(tokens_only), strict=True):
+        assert torch.equal(row["tokens"], bare["tokens"]) and "hidden" not in bare
     model = paradecode.load(str(model_dir), backend="llama", dtype="int8", cache_dir=cache)
     for prompt, row, other in zip(prompts, rows, parallel):
         ids = selfdistill.encode_prompt(model.tokenizer, prompt)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from paradecode.errors import ParadecodeError
 from paradecode.cli import main
-from paradecode.training.prompts import builtin_prompts, read_prompts
+from paradecode.training.prompts import builtin_prompts, mix_prompts, read_prompts
 from paradecode.training.task_prompts import KINDS, task_prompts
 
 
@@ -44,6 +45,29 @@ def test_train_draft_refuses_bad_prompt_counts(tmp_path, capsys, counts, message
     code = main(["train-draft", "--kind", "eagle", "--prompts", "builtin,builtin-tasks", "--num-prompts", counts,
                  "--out", str(tmp_path / "head")])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_a_folder_of_prompt_files_is_an_even_mix_without_repeats(tmp_path):
+    """Water-filling: files smaller than their share give all their prompts, the rest share the remainder
+    evenly; a prompt in two files counts once; the same seed gives the same mix; a line separator inside a
+    JSON string (U+2028, which str.splitlines would split at) stays inside its prompt."""
+    sizes = {"a": 3, "b": 50, "c": 80, "d": 200}
+    for name, size in sizes.items():
+        lines = [json.dumps({"prompt": f"{name} prompt {i}"}) for i in range(size)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "e.jsonl").write_text(json.dumps({"prompt": "a prompt 0"}) + "\n" +  # a repeat of a's first
+                                      json.dumps({"prompt": "one\u2028line", "source": "x"}, ensure_ascii=False) + "\n")
+    mix = mix_prompts(tmp_path, 100)
+    assert len(mix) == len(set(mix)) == 100 and mix == read_prompts(str(tmp_path), 100)
+    per_file = {name: sum(p.startswith(f"{name} prompt") for p in mix) for name in sizes}
+    assert per_file["a"] == 3 and "one\u2028line" in mix  # the small files whole (e: its one new prompt)
+    assert per_file["b"] == 32 and per_file["c"] == 32 and per_file["d"] == 32  # 96 shared out evenly
+    assert mix_prompts(tmp_path, 100, seed=1) != mix
+    everything = mix_prompts(tmp_path, 1000)
+    assert len(everything) == len(set(everything)) == 3 + 50 + 80 + 200 + 1  # every prompt, once
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ParadecodeError, match="holds no .jsonl prompt files"):
+        mix_prompts(tmp_path / "empty", 5)
 
 
 def test_train_draft_reads_a_prompt_file_beside_a_builtin_set(tmp_path, capsys):

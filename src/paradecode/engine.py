@@ -6,12 +6,14 @@ logits predicts the token after the root and row 1+i the token after node i. Ver
 path; the cache keeps the root plus that path, and the target's own next token becomes the new root.
 Plain autoregressive decoding is the same loop with an empty proposal. A drafter with ``needs_hidden`` (trained
 heads) also gets the target's last hidden states: the prefill's on ``DecodeState.prompt_hidden`` and each
-step's rows (root, then nodes) on ``Verdict.target_hidden``.
+step's rows (root, then nodes) on ``Verdict.target_hidden``; a drafter with ``aux_layers`` (EAGLE-3 heads) gets
+the inputs of those target layers there instead, side by side (``ForwardOutput.aux``).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -64,11 +66,11 @@ def decode(
 
     start = time.perf_counter()
     backend.reset()
-    hidden = drafter.needs_hidden  # trained heads read the target's hidden states (prefill and every step)
+    hidden = Features.of(drafter)  # trained heads read the target's hidden states (prefill and every step)
     prompt_hidden = None
-    if len(prompt) > 1:
-        prompt_hidden = backend.forward(torch.tensor(prompt[:-1], dtype=torch.long), return_hidden=hidden,
-                                        logits=False).hidden  # the prompt's last token is fed by the first step
+    if len(prompt) > 1:  # the prompt's last token is fed by the first step
+        prompt_hidden = hidden.read(backend.forward(torch.tensor(prompt[:-1], dtype=torch.long), logits=False,
+                                                    **hidden.arguments))
     state = DecodeState(
         tokens=list(prompt),
         prompt_len=len(prompt),
@@ -158,7 +160,27 @@ def _fit(proposal: Proposal, max_draft: int, room: int, supports_tree: bool) -> 
     return proposal
 
 
-def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, hidden: bool = False,
+@dataclass(frozen=True)
+class Features:
+    """What of the target's hidden states a drafter reads: none, the last (``needs_hidden``), or the inputs of
+    its ``aux_layers`` (EAGLE-3); the forward's arguments and where the output holds them."""
+
+    wanted: bool = False
+    aux_layers: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, drafter) -> "Features":
+        return cls(drafter.needs_hidden, tuple(getattr(drafter, "aux_layers", ())) if drafter.needs_hidden else ())
+
+    @property
+    def arguments(self) -> dict:
+        return dict(aux_layers=self.aux_layers) if self.aux_layers else dict(return_hidden=self.wanted)
+
+    def read(self, out) -> torch.Tensor | None:
+        return out.aux if self.aux_layers else out.hidden if self.wanted else None
+
+
+def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, hidden: Features = Features(),
                       allowed: torch.Tensor | None = None) -> Verdict:
     cache_len = len(state.tokens) - 1
     root = state.tokens[-1]
@@ -180,7 +202,7 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, 
         extra_rows[:, cache_len:] = proposal.extra_mask
         mask = torch.cat([torch.cat([base, torch.zeros(1 + n, len(extras), dtype=torch.bool)], dim=1), extra_rows])
     out = backend.forward(
-        torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), mask, return_hidden=hidden
+        torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), mask, **hidden.arguments
     )
     logits = out.logits[: 1 + n]  # [1+N, V]
     if allowed is not None:  # structured output: verify against the grammar's share of the distribution
@@ -196,7 +218,8 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, 
     backend.commit(cache_len, [0] + [1 + i for i in verdict.accepted])
     verdict.target_logits = logits
     verdict.extra_logits = out.logits[1 + n :] if extras else None
-    verdict.target_hidden = out.hidden[: 1 + n] if hidden else None  # [1+N, D]
+    features = hidden.read(out)
+    verdict.target_hidden = features[: 1 + n] if features is not None else None  # [1+N, D] (or [1+N, A*D])
     return verdict
 
 

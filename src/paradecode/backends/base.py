@@ -23,6 +23,7 @@ from paradecode.tree_layout import tree_depths, tree_mask  # noqa: F401  (backen
 class ForwardOutput:
     logits: torch.Tensor | None  # [T, vocab] float32; None when the caller asked for none (a prefill)
     hidden: torch.Tensor | None = None  # [T, hidden] last hidden state (before the LM head), when asked
+    aux: torch.Tensor | None = None  # [T, len(aux_layers) * hidden] the residual stream entering each aux layer
 
 
 class Backend(Protocol):
@@ -53,6 +54,7 @@ class Backend(Protocol):
         exit_layer: int | None = None,  # run only the first `exit_layer` layers, then norm + LM head
         layers: Sequence[int] | None = None,  # or run only these layers (ascending), then norm + LM head
         logits: bool = True,  # False: skip the LM head (a prefill whose logits nobody reads); output logits None
+        aux_layers: Sequence[int] = (),  # ascending layer indices: output aux holds each one's input (EAGLE-3)
     ) -> ForwardOutput: ...
 
     def rollback(self, length: int) -> None:
@@ -99,3 +101,8 @@ def causal_mask(cache_len: int, t: int, device: torch.device | str = "cpu") -> t
     mask = torch.ones(t, cache_len + t, dtype=torch.bool, device=device)
     mask[:, cache_len:] = torch.tril(mask[:, cache_len:])
     return mask
+
+def check_aux_layers(aux_layers: Sequence[int], run: Sequence[int]) -> None:
+    """``aux_layers`` must be ascending indices of layers the pass runs (their inputs are what it returns)."""
+    if any(b <= a for a, b in zip(aux_layers, aux_layers[1:])) or not set(aux_layers) <= set(run):
+        raise ValueError(f"aux_layers must be ascending indices of layers the pass runs, got {list(aux_layers)}")

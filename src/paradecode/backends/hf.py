@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from paradecode.backends.base import ForwardOutput, causal_mask, tree_depths, tree_mask
+from paradecode.backends.base import ForwardOutput, causal_mask, check_aux_layers, tree_depths, tree_mask
 
 DEFAULT_MAX_LENGTH = 4096  # cap on the context when the caller does not choose
 MASKABLE_ATTENTION = ("eager", "sdpa")  # implementations that honour an arbitrary 4D mask
@@ -113,9 +113,11 @@ class HFBackend:
         exit_layer: int | None = None,
         layers: Sequence[int] | None = None,
         logits: bool = True,  # transformers computes them anyway; they are dropped when not wanted
+        aux_layers: Sequence[int] = (),
     ) -> ForwardOutput:
         if exit_layer is not None or layers is not None:
             raise NotImplementedError("HFBackend always runs every layer; a subset of layers needs LlamaBackend")
+        check_aux_layers(aux_layers, range(self.num_layers))
         t, start = token_ids.shape[0], self.cache_len
         if start + t > self.max_length:
             raise ValueError(f"{start + t} tokens do not fit the context (max_length {self.max_length})")
@@ -131,12 +133,13 @@ class HFBackend:
             position_ids=positions[None].to(self._device),
             attention_mask=self._model_masks(mask.cpu(), positions.cpu(), key_positions),
             use_cache=True,
-            output_hidden_states=return_hidden,
+            output_hidden_states=return_hidden or bool(aux_layers),
             **{self._cache_arg: self._cache},
         )
         self._positions = key_positions
         hidden = out.hidden_states[-1][0] if return_hidden else None  # [T, D] after the final norm
-        return ForwardOutput(logits=out.logits[0].float() if logits else None, hidden=hidden)
+        aux = torch.cat([out.hidden_states[i][0] for i in aux_layers], -1).float() if aux_layers else None
+        return ForwardOutput(logits=out.logits[0].float() if logits else None, hidden=hidden, aux=aux)
 
     def _model_masks(
         self, mask: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor

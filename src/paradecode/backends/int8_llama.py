@@ -331,18 +331,19 @@ class Int8LlamaBackend(LlamaBackend):
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 *, return_hidden: bool = False, exit_layer: int | None = None, layers: Sequence[int] | None = None,
-                logits: bool = True) -> ForwardOutput:
+                logits: bool = True, aux_layers: Sequence[int] = ()) -> ForwardOutput:
         if self._native is None:
             return super().forward(token_ids, positions, mask, return_hidden=return_hidden, exit_layer=exit_layer,
-                                   layers=layers, logits=logits)
+                                   layers=layers, logits=logits, aux_layers=aux_layers)
         t, start = token_ids.shape[0], self._len
-        indices = self._check_pass(t, mask, exit_layer, layers)
+        indices = self._check_pass(t, mask, exit_layer, layers, aux_layers)
         if positions is None:
             positions = torch.arange(start, start + t)
-        hidden, scores = self._native.forward(token_ids, positions, [(self._pages, start, t, mask)], indices, logits)
+        hidden, scores, aux = self._native.forward(token_ids, positions, [(self._pages, start, t, mask)], indices,
+                                                   logits, list(aux_layers))
         self._len = start + t
         return ForwardOutput(logits=scores if logits else None,
-                             hidden=self._returned_hidden(hidden) if return_hidden else None)
+                             hidden=self._returned_hidden(hidden) if return_hidden else None, aux=aux)
 
     def _attention(self, q: torch.Tensor, layer: _Layer, end: int, mask: torch.Tensor | None) -> torch.Tensor:
         """int8 turns a last-bit difference in an activation into a whole quantization step, so a row's attention

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from paradecode.backends.base import ForwardOutput, SlotCache, causal_mask
+from paradecode.backends.base import ForwardOutput, SlotCache, causal_mask, check_aux_layers
 
 DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does not choose
 
@@ -285,14 +285,16 @@ class LlamaBackend(SlotCache):
         return hidden
 
     def _check_pass(self, t: int, mask: torch.Tensor | None, exit_layer: int | None,
-                    layers: Sequence[int] | None) -> list[int]:
+                    layers: Sequence[int] | None, aux_layers: Sequence[int] = ()) -> list[int]:
         """Check a forward's arguments against the cache; returns the indices of the layers to run."""
         end = self._len + t
         if end > self.max_length:
             raise ValueError(f"{end} tokens do not fit the cache (max_length {self.max_length})")
         if mask is not None and mask.shape != (t, end):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
-        return self.layer_indices(exit_layer, layers)
+        indices = self.layer_indices(exit_layer, layers)
+        check_aux_layers(aux_layers, indices)
+        return indices
 
     def layer_indices(self, exit_layer: int | None, layers: Sequence[int] | None) -> list[int]:
         """The layers a forward runs: all, the first ``exit_layer``, or ``layers`` (checked)."""
@@ -317,10 +319,12 @@ class LlamaBackend(SlotCache):
         exit_layer: int | None = None,
         layers: Sequence[int] | None = None,
         logits: bool = True,
+        aux_layers: Sequence[int] = (),
     ) -> ForwardOutput:
         t, start = token_ids.shape[0], self._len
         end = start + t
-        run_layers = [self._layers[i] for i in self._check_pass(t, mask, exit_layer, layers)]
+        indices = self._check_pass(t, mask, exit_layer, layers, aux_layers)
+        run_layers = [self._layers[i] for i in indices]
         if mask is None:
             mask = causal_mask(start, t) if t > 1 else None  # one new token may see everything
         if positions is None:
@@ -333,7 +337,10 @@ class LlamaBackend(SlotCache):
         hq, hkv, hd, d, half = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size, s.head_dim // 2
         few_rows = t <= FEW_ROWS
         x = F.embedding(token_ids, self._embed)  # [T, D]
-        for layer in run_layers:
+        aux = []
+        for index, layer in zip(indices, run_layers):
+            if index in aux_layers:
+                aux.append(x)
             h = F.rms_norm(x, (d,), layer.attn_norm, s.rms_norm_eps)  # [T, D]
             qkv = layer.qkv(h, few_rows).view(t, hq + 2 * hkv, hd)  # [T, Hq + 2Hkv, hd]
             qk = qkv[:, : hq + hkv]  # [T, Hq + Hkv, hd]
@@ -351,5 +358,6 @@ class LlamaBackend(SlotCache):
         self._len = end
         hidden = F.rms_norm(x, (d,), self._norm, s.rms_norm_eps)  # [T, D]
         scores = self._lm_head.wide(hidden).float() if logits else None  # [T, V]
-        return ForwardOutput(logits=scores, hidden=self._returned_hidden(hidden) if return_hidden else None)
+        return ForwardOutput(logits=scores, hidden=self._returned_hidden(hidden) if return_hidden else None,
+                             aux=torch.cat(aux, dim=-1) if aux else None)
 

@@ -32,7 +32,7 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from paradecode.backends.base import ForwardOutput, SlotCache
+from paradecode.backends.base import ForwardOutput, SlotCache, check_aux_layers
 from paradecode.errors import ParadecodeError
 
 DRAFT_ROOM = 64  # slots a sequence reserves beyond prompt + answer: a verify pass's drafts sit there for a moment
@@ -71,10 +71,12 @@ class _Pass:
     start: int  # the sequence's cache length before the pass
     layers: tuple[int, ...]
     logits: bool
+    aux_layers: tuple[int, ...] = ()
     arrived: float = field(default_factory=time.perf_counter)
     finished: threading.Event = field(default_factory=threading.Event)
     hidden: torch.Tensor | None = None
     out_logits: torch.Tensor | None = None
+    aux: torch.Tensor | None = None
     error: BaseException | None = None
 
     @property
@@ -206,7 +208,7 @@ class Batcher:
         first = self._pending[0]
         batch, rows, rest = [first], first.rows, []
         for item in self._pending[1:]:
-            if item.layers == first.layers and rows + item.rows <= self.max_rows:
+            if (item.layers, item.aux_layers) == (first.layers, first.aux_layers) and rows + item.rows <= self.max_rows:
                 batch.append(item)
                 rows += item.rows
             else:
@@ -221,7 +223,8 @@ class Batcher:
             segments = [(p.sequence.page_table, p.start, p.rows, p.mask) for p in batch]
             want = any(p.logits for p in batch)
             with torch.inference_mode():
-                hidden, logits = self._stack.forward(ids, positions, segments, list(batch[0].layers), want)
+                hidden, logits, aux = self._stack.forward(ids, positions, segments, list(batch[0].layers), want,
+                                                          list(batch[0].aux_layers))
         except BaseException as error:  # every pass of the batch fails with it; the others' threads go on
             for p in batch:
                 p.error = error
@@ -231,6 +234,7 @@ class Batcher:
         for p in batch:
             p.hidden = hidden[row : row + p.rows]
             p.out_logits = logits[row : row + p.rows] if p.logits else None
+            p.aux = aux[row : row + p.rows] if aux is not None else None
             row += p.rows
         self.passes += 1
         self.rows_histogram[row] += 1
@@ -312,7 +316,7 @@ class Sequence(SlotCache):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 *, return_hidden: bool = False, exit_layer: int | None = None, layers: Seq[int] | None = None,
-                logits: bool = True) -> ForwardOutput:
+                logits: bool = True, aux_layers: Seq[int] = ()) -> ForwardOutput:
         if self._closed:
             raise RuntimeError("this sequence is closed")
         t, start = token_ids.shape[0], self._len
@@ -323,22 +327,25 @@ class Sequence(SlotCache):
         if mask is not None and mask.shape != (t, start + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, start + t)}")
         run_layers = tuple(self.batcher.backend.layer_indices(exit_layer, layers))
+        check_aux_layers(aux_layers, run_layers)
         if positions is None:
             positions = torch.arange(start, start + t)
         ids, positions = token_ids.long().contiguous(), positions.long().contiguous()
-        hidden, scores, done = [], [], 0
+        hidden, scores, aux, done = [], [], [], 0
         while done < t:  # a long causal pass (a prompt) in chunks, so that it does not stall the others
             size = t - done if mask is not None or self.batcher.alone(self) else self.batcher.prefill_chunk
             item = self.batcher.run(_Pass(self, ids[done : done + size], positions[done : done + size], mask,
-                                          start + done, run_layers, logits))
+                                          start + done, run_layers, logits, tuple(aux_layers)))
             hidden.append(item.hidden)
+            aux.append(item.aux)
             if logits:
                 scores.append(item.out_logits)
             done += item.rows
             self._len = start + done
         out_hidden = torch.cat(hidden) if len(hidden) > 1 else hidden[0]
         return ForwardOutput(logits=(torch.cat(scores) if len(scores) > 1 else scores[0]) if logits else None,
-                             hidden=self.batcher.backend._returned_hidden(out_hidden) if return_hidden else None)
+                             hidden=self.batcher.backend._returned_hidden(out_hidden) if return_hidden else None,
+                             aux=(torch.cat(aux) if len(aux) > 1 else aux[0]) if aux_layers else None)
 
     def close(self) -> None:
         """Give the pages back (at once: the next request may take them). Closing twice is harmless."""

@@ -57,7 +57,7 @@ class EagleDrafter(HeadDrafter):
         super().begin(state)
         room = state.target.max_length + self.options.budget + 1
         self.cache = EagleCache(self.module.shape, room)
-        features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2}
+        features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2} (EAGLE-3: [P-1, A*D])
         # pairs not fed to the head yet: fed in one pass by the next step that drafts, so a step that drafts
         # nothing (the cost schedule's choice when drafting does not pay) costs no head forward
         self.pending: list[tuple[torch.Tensor, list[int]]] = [(features, state.tokens[1 : state.prompt_len])] \
@@ -68,7 +68,7 @@ class EagleDrafter(HeadDrafter):
     def propose(self, state: DecodeState) -> Proposal:
         length = self.chain_length(state)
         if state.max_draft > 0 and length > 0 and self.pending:
-            features = torch.cat([f for f, _ in self.pending])  # [T, D]
+            features = self.module.fuse(torch.cat([f for f, _ in self.pending]))  # [T, D]
             out = self._feed(features, [t for _, tokens in self.pending for t in tokens], None, None)  # [T, D]
             self.root_feature, self.pending = out[-1], []
         if self.root_feature is None or state.max_draft <= 0 or length <= 0:
@@ -116,3 +116,17 @@ class EagleDrafter(HeadDrafter):
         out, _ = self.module(embeds[None], features[None], positions[None], mask[None], cache=self.cache)
         self.draft_forward_passes += 1
         return out[0]
+
+
+@register("eagle3")
+class Eagle3Drafter(EagleDrafter):
+    """Drafts with an EAGLE-3 head (``heads/eagle3.py``): as ``eagle``, but the pairs' features are the inputs of
+    the head's aux layers of the target (the engine hands those over, see ``engine.Features``), fused by the
+    head's ``fc``, and each draft token is scored by the head's own LM head. No head ships: train one with
+    ``paradecode train-draft --kind eagle3`` and pass ``--opt head=DIR``."""
+
+    kind = "eagle3"
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return self.runtime.head.module.aux_layers

@@ -1,4 +1,4 @@
-"""What the trained-head drafters (``eagle``, ``medusa``) share: options, loading the head, the draft vocabulary.
+"""What the trained-head drafters (``eagle``, ``eagle3``, ``medusa``) share: options, loading the head, the draft vocabulary.
 
 A head drafter reads the target's hidden states (``needs_hidden``: the engine then puts the prefill's on
 ``DecodeState.prompt_hidden`` and each step's on ``Verdict.target_hidden``) and the target's frozen embedding
@@ -52,7 +52,7 @@ class HeadRuntime:
     ids: torch.Tensor | None  # [Vd] full id of each draft logit; None: the full vocabulary
     vocab: int  # the full vocabulary size V
     module: torch.nn.Module  # the head as it drafts (its linear layers in int8 for head_dtype=int8)
-    lm: torch.nn.Module  # the draft LM head (a linear layer over the target's LM head rows of the draft vocabulary)
+    lm: torch.nn.Module  # the draft LM head: the target's LM head rows of the draft vocabulary (EAGLE-3: its own, after its norm)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., D] -> draft logits [..., Vd]."""
@@ -71,12 +71,22 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
     ids = head.draft_ids
     if draft_vocab:
         ids = (ids if ids is not None else torch.arange(weights.embed.shape[0]))[:draft_vocab]
-    lm_rows = weights.lm_head if ids is None else weights.lm_head[ids].contiguous()
+    module = head.module
+    own = getattr(module, "lm_head", None)  # EAGLE-3: its own LM head over the draft vocabulary, after its norm
+    if own is not None:
+        lm_rows = own.weight.detach()[: len(ids) if ids is not None else None].contiguous()
+    else:
+        lm_rows = weights.lm_head if ids is None else weights.lm_head[ids].contiguous()
     lm = torch.nn.Linear(lm_rows.shape[1], lm_rows.shape[0], bias=False)
     lm.weight = torch.nn.Parameter(lm_rows, requires_grad=False)
-    module = head.module
+    if own is not None:
+        norm = torch.nn.RMSNorm(lm_rows.shape[1], eps=module.shape.rms_norm_eps)
+        norm.weight = torch.nn.Parameter(module.norm.detach().clone(), requires_grad=False)
+        lm = torch.nn.Sequential(norm, lm)
     if head_dtype == "int8":  # (quantize_dynamic swaps child modules only, hence the Sequential around lm)
         module, lm = _int8_linears(copy.deepcopy(head.module)), _int8_linears(torch.nn.Sequential(lm))
+        if own is not None:
+            module.lm_head = None  # drafting scores through ``lm`` (the rows kept), never the module's own
     return HeadRuntime(head, weights.embed, ids, weights.embed.shape[0], module.eval(), lm.eval())
 
 

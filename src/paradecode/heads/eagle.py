@@ -63,6 +63,8 @@ class EagleCache:
 
 class EagleHead(nn.Module):
     kind = "eagle"
+    predicts_features = True  # trained to predict the next feature too (the smooth-L1 term of the loss)
+    aux_layers: tuple[int, ...] = ()  # reads the target's last hidden state (EAGLE-3 reads these layers' inputs)
 
     def __init__(self, shape: HeadShape) -> None:
         super().__init__()
@@ -84,6 +86,14 @@ class EagleHead(nn.Module):
             self.down_proj.weight.zero_()
         self.register_buffer("inv_freq", 1.0 / shape.rope_theta ** (torch.arange(0, hd, 2).float() / hd),
                              persistent=False)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features as the head reads them: as they are (EAGLE-3 fuses several layers')."""
+        return features
+
+    def draft_logits(self, out: torch.Tensor, lm_rows: torch.Tensor) -> torch.Tensor:
+        """Predicted features [..., D] -> draft logits [..., Vd]: the target's LM head rows of the draft vocabulary."""
+        return out @ lm_rows.t()
 
     def forward(
         self,

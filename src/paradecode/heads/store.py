@@ -19,7 +19,11 @@ import torch
 
 from paradecode.errors import ParadecodeError
 from paradecode.heads.eagle import EagleHead, HeadShape
+from paradecode.heads.eagle3 import Eagle3Head, default_aux_layers
 from paradecode.heads.medusa import MedusaHeads
+
+KINDS = ("eagle", "eagle3", "medusa")
+Head = EagleHead | Eagle3Head | MedusaHeads
 
 FORMAT_VERSION = 1
 WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped heads: weights/<model>-<kind>/
@@ -60,25 +64,36 @@ def target_weights(model_dir: str) -> TargetWeights:
 
 @dataclass
 class LoadedHead:
-    module: EagleHead | MedusaHeads
+    module: Head
     config: dict
     draft_ids: torch.Tensor | None  # [Vd] full-vocabulary ids of the draft logits; None = every token
     path: Path | None = None
 
 
-def build_head(kind: str, shape: HeadShape, num_heads: int = 4) -> EagleHead | MedusaHeads:
+def build_head(kind: str, shape: HeadShape, num_heads: int = 4, *, num_layers: int = 0,
+               aux_layers: tuple[int, ...] = (), draft_vocab: int = 0) -> Head:
+    """A fresh head of ``kind``. EAGLE-3 reads the inputs of ``aux_layers`` of a ``num_layers``-layer target
+    (default: ``default_aux_layers``) and scores ``draft_vocab`` tokens (0: the whole vocabulary)."""
     if kind == "eagle":
         return EagleHead(shape)
+    if kind == "eagle3":
+        aux_layers = tuple(aux_layers) or default_aux_layers(num_layers)
+        bound = num_layers or max(aux_layers, default=0) + 1
+        if not aux_layers or any(not 0 <= i < bound for i in aux_layers) or list(aux_layers) != sorted(set(aux_layers)):
+            raise ParadecodeError(f"EAGLE-3 aux layers must be ascending layer indices of the target, got "
+                                  f"{list(aux_layers)}.")
+        return Eagle3Head(shape, aux_layers, draft_vocab or shape.vocab_size)
     if kind == "medusa":
         return MedusaHeads(shape, num_heads)
-    raise ParadecodeError(f"unknown head kind {kind!r}; choose eagle or medusa.")
+    raise ParadecodeError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}.")
 
 
-def head_config(module: EagleHead | MedusaHeads, target: TargetWeights, target_name: str,
+def head_config(module: Head, target: TargetWeights, target_name: str,
                 draft_ids: torch.Tensor | None, training: dict | None = None) -> dict:
     return dict(
         format_version=FORMAT_VERSION, kind=module.kind, shape=dataclasses.asdict(module.shape),
         num_heads=getattr(module, "num_heads", 1), draft_vocab_size=0 if draft_ids is None else len(draft_ids),
+        aux_layers=list(getattr(module, "aux_layers", ())),
         target=dict(name=target_name, hidden_size=target.config["hidden_size"],
                     vocab_size=target.config["vocab_size"], num_hidden_layers=target.config["num_hidden_layers"],
                     embed_fingerprint=target.fingerprint),
@@ -86,7 +101,7 @@ def head_config(module: EagleHead | MedusaHeads, target: TargetWeights, target_n
     )
 
 
-def save_head(folder: Path, module: EagleHead | MedusaHeads, config: dict, draft_ids: torch.Tensor | None) -> None:
+def save_head(folder: Path, module: Head, config: dict, draft_ids: torch.Tensor | None) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -97,8 +112,9 @@ def save_head(folder: Path, module: EagleHead | MedusaHeads, config: dict, draft
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
-def load_head(folder: str | Path, kind: str, target: TargetWeights) -> LoadedHead:
-    """Load and check a head folder; every problem is a ParadecodeError that says what to do."""
+def load_head(folder: str | Path, kind: str | None, target: TargetWeights) -> LoadedHead:
+    """Load and check a head folder (of ``kind``; None: any); every problem is a ParadecodeError that says what
+    to do."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -109,10 +125,11 @@ def load_head(folder: str | Path, kind: str, target: TargetWeights) -> LoadedHea
         config = json.loads((folder / "config.json").read_text())
         shape = HeadShape(**config["shape"])
         head_kind, num_heads, want = config["kind"], int(config.get("num_heads", 1)), config["target"]
+        aux_layers, draft_vocab = tuple(int(i) for i in config.get("aux_layers", ())), int(config.get("draft_vocab_size", 0))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise ParadecodeError(f"{folder}/config.json is not a valid head config ({type(error).__name__}: "
                               f"{error}).") from None
-    if head_kind != kind:
+    if kind is not None and head_kind != kind:
         raise ParadecodeError(f"{folder} holds a {head_kind!r} head, but method {kind!r} needs a {kind} head.")
     have = target.config
     for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
@@ -123,7 +140,8 @@ def load_head(folder: str | Path, kind: str, target: TargetWeights) -> LoadedHea
     if abs(float(want.get("embed_fingerprint", 0.0)) - target.fingerprint) > 1e-4 * max(1.0, target.fingerprint):
         raise ParadecodeError(f"the head in {folder} was trained for model {want.get('name')!r}, whose weights "
                               "differ from this model's: use a head trained for this model (`paradecode train-draft`).")
-    module = build_head(head_kind, shape, num_heads)
+    module = build_head(head_kind, shape, num_heads, num_layers=int(have.get("num_hidden_layers", 0)),
+                        aux_layers=aux_layers, draft_vocab=draft_vocab)
     tensors = load_file(folder / "head.safetensors")
     draft_ids = tensors.pop("draft_ids", None)
     try:

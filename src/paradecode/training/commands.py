@@ -22,13 +22,18 @@ from paradecode.errors import ParadecodeError
 
 
 def add_commands(commands) -> None:
+    from paradecode.heads.store import KINDS
     from paradecode.models import DEFAULT_MODEL
 
     train = commands.add_parser(
-        "train-draft", help="train an EAGLE or Medusa draft head by self-distillation",
+        "train-draft", help="train an EAGLE, EAGLE-3 or Medusa draft head by self-distillation",
         description="Answer a prompt set with the target model, record its hidden states, and train a draft head "
                     "on them. Writes OUT/head.safetensors and OUT/config.json (use with --opt head=OUT).")
-    train.add_argument("--kind", choices=("eagle", "medusa"), required=True)
+    train.add_argument("--kind", choices=KINDS, required=True,
+                       help="eagle (EAGLE-1: the last hidden state, predicts the next one), eagle3 (the inputs of "
+                            "three target layers, its own draft LM head) or medusa")
+    train.add_argument("--aux-layers", default="",
+                       help="eagle3: comma-separated target layers whose inputs it reads (default: 2, L/2, L-3)")
     train.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
                        help=f"target model (default: {DEFAULT_MODEL})")
     add_cache_argument(train)
@@ -46,7 +51,15 @@ def add_commands(commands) -> None:
                        help="int8 teacher: processes answering shards side by side, one thread each "
                             "(default: the number of CPU cores)")
     train.add_argument("--gen-batch-size", type=int, default=32,
-                       help="fp32 teacher: prompts per generate() batch (default: 32)")
+                       help="prompts decoding at once (int8: passes packed into shared forwards; fp32: one "
+                            "generate() batch; default: 32)")
+    train.add_argument("--shard-size", type=int, default=0,
+                       help="prompts per saved data shard (default: 64)")
+    train.add_argument("--tokens-only", action="store_true",
+                       help="store the answers' token ids only, not their hidden states (~0.3 MB per answer "
+                            "fewer); the features are computed from the tokens when a head trains")
+    train.add_argument("--data-only", action="store_true",
+                       help="answer the prompts into --data and stop (train later with the same --prompts)")
     train.add_argument("--data", type=folder_to_write("--data"),
                        help="folder for the generated data (default: OUT/data); shared by several runs")
     train.add_argument("--out", required=True, type=folder_to_write("--out"),
@@ -88,9 +101,10 @@ def add_commands(commands) -> None:
     prompts.set_defaults(run=run_make_prompts)
 
     export = commands.add_parser(
-        "export-draft", help="export an EAGLE head as a vLLM / SGLang EAGLE checkpoint",
-        description="Write the EAGLE head in the layout of EAGLE-1 checkpoints that vLLM's and SGLang's "
-                    "'eagle' speculative method loads (config.json + model.safetensors).")
+        "export-draft", help="export an EAGLE or EAGLE-3 head as a vLLM / SGLang checkpoint",
+        description="Write an EAGLE head in the layout of EAGLE-1 checkpoints that vLLM's and SGLang's 'eagle' "
+                    "speculative method loads, or an EAGLE-3 head in the layout their 'eagle3' method loads "
+                    "(config.json + model.safetensors).")
     export.add_argument("--head", required=True, type=folder_to_read("--head"),
                         help="head folder written by train-draft")
     export.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
@@ -116,11 +130,20 @@ def run_train(args: argparse.Namespace) -> int:
     if args.workers is None:
         args.workers = os.cpu_count() or 1
     for name in ("max_new_tokens", "gen_batch_size", "epochs", "batch_size", "depth",
-                 "medusa_heads", "threads", "workers"):
-        if getattr(args, name) < 1:
-            raise ParadecodeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+                 "medusa_heads", "threads", "workers", "shard_size"):
+        least = 0 if name == "shard_size" else 1  # (--shard-size 0: the default size)
+        if getattr(args, name) < least:
+            raise ParadecodeError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}.")
     if args.draft_vocab < 0 or args.lr <= 0:
         raise ParadecodeError("--draft-vocab must be >= 0 and --lr > 0.")
+    try:
+        aux_layers = tuple(int(i) for i in args.aux_layers.split(",") if i.strip())
+    except ValueError:
+        raise ParadecodeError(f"--aux-layers must be comma-separated layer numbers, got {args.aux_layers!r}.") from None
+    if aux_layers and args.kind != "eagle3":
+        raise ParadecodeError("--aux-layers applies to --kind eagle3 only.")
+    if args.kind == "eagle3" and args.labels == "soft":
+        raise ParadecodeError("eagle3 heads train on hard labels only: drop --labels soft.")
     if args.init and not (Path(args.init) / "config.json").is_file():
         raise ParadecodeError(f"--init {args.init} is not a head folder (it needs config.json and head.safetensors).")
     prompt_sets = [(source, read_prompts(source, count)) for source, count in zip(sources, counts)]
@@ -129,12 +152,17 @@ def run_train(args: argparse.Namespace) -> int:
     model_dir, _ = resolve(args.model, args.cache_dir)
     train = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
-                        soft_labels=args.labels == "soft", precision=args.precision, init=args.init)
+                        soft_labels=args.labels == "soft", precision=args.precision, init=args.init,
+                        aux_layers=aux_layers)
     info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]), prompts=args.prompts)
     saved = train_draft_head(args.model, model_dir, prompt_sets, out, Path(args.data) if args.data else out / "data",
-                             DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher), train,
+                             DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher,
+                                           hidden=not args.tokens_only, shard_size=args.shard_size), train,
                              workers=args.workers, cache_dir=args.cache_dir, log=_log, progress=not args.no_progress,
-                             info=info)
+                             info=info, data_only=args.data_only)
+    if args.data_only:
+        _log(f"answers saved in {args.data or out / 'data'}; train on them with the same command without --data-only")
+        return 0
     last = saved["training"]["history"][-1]
     _log(f"saved {out}/head.safetensors; held-out estimated tokens/step {last['tau_chain']:.2f}; "
          f"use it with: paradecode generate --method {args.kind} --opt head={out} ...")
@@ -166,9 +194,10 @@ def run_export(args: argparse.Namespace) -> int:
 
     model_dir, _ = resolve(args.model, args.cache_dir)
     target = target_weights(str(model_dir))
-    head = load_head(args.head, "eagle", target)
+    head = load_head(args.head, None, target)
     export_eagle(head, target, Path(args.out), args.engine)
-    _log(f"wrote {args.out}/config.json and model.safetensors ({args.engine} EAGLE-1 layout)")
+    layout = "EAGLE-3" if head.config["kind"] == "eagle3" else "EAGLE-1"
+    _log(f"wrote {args.out}/config.json and model.safetensors ({args.engine} {layout} layout)")
     return 0
 
 

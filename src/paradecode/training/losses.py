@@ -1,10 +1,10 @@
 """Per-batch losses and held-out acceptance for EAGLE and Medusa heads, on self-distilled sequences.
 
 A batch holds right-padded sequences (prompt + the target's answer): ``tokens`` [B, T], the target's hidden
-states ``hidden`` [B, T, D] and the validity masks below. Draft logits are taken over the draft vocabulary
+states ``hidden`` [B, T, D] (for EAGLE-3: its aux features [B, T, A*D]) and the validity masks below. Draft logits are taken over the draft vocabulary
 only; a label outside it is ignored (it can never be drafted).
 
-EAGLE, unrolled like a real chain (the "training-time test" of EAGLE-3, in its exact form): pass 1 feeds
+EAGLE and EAGLE-3 (the same unrolling; EAGLE-3 scores its own LM head and learns no feature), unrolled like a real chain (the "training-time test" of EAGLE-3, in its exact form): pass 1 feeds
 the pairs (f_i, t_{i+1}) and predicts f_{i+1}, hence t_{i+2}. Pass k (k >= 2) at position i is the depth-k
 draft of a chain whose root is r = i - k + 2: its input feature is pass k-1's output at i - 1, and it attends
 to pass 1's keys at positions <= r - 1 (the committed pairs, true features) and to pass j's key at
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from paradecode.heads.eagle import EagleHead
+from paradecode.heads.eagle3 import Eagle3Head
 from paradecode.heads.medusa import MedusaHeads
 
 
@@ -38,15 +39,17 @@ class DraftVocab:
     to_draft: torch.Tensor  # [V] draft index of each full id, -100 outside
 
 
-def make_batch(rows: list[dict]) -> Batch:
+def make_batch(rows: list[dict], features=None) -> Batch:
+    """Pad ``rows`` into a batch; their features are ``features(rows)`` (a list of [T, W]) when given, else each
+    row's stored ``hidden``."""
     width = max(len(r["tokens"]) for r in rows)
-    d = rows[0]["hidden"].shape[-1]
+    states = features(rows) if features is not None else [r["hidden"] for r in rows]
     tokens = torch.zeros(len(rows), width, dtype=torch.long)
-    hidden = torch.zeros(len(rows), width, d)
-    for i, r in enumerate(rows):
+    hidden = torch.zeros(len(rows), width, states[0].shape[-1])
+    for i, (r, state) in enumerate(zip(rows, states)):
         n = len(r["tokens"])
         tokens[i, :n] = r["tokens"].long()
-        hidden[i, :n] = r["hidden"].float()
+        hidden[i, :n] = state.float()
     return Batch(tokens, hidden, torch.tensor([len(r["tokens"]) for r in rows]),
                  torch.tensor([r["prompt_len"] for r in rows]))
 
@@ -77,7 +80,7 @@ def _labels(batch: Batch, vocab: DraftVocab, shift: int) -> torch.Tensor:
     return labels
 
 
-def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
+def eagle_passes(head: EagleHead | Eagle3Head, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
     """Outputs of passes 1..depth, each [B, T, D] (position i of pass k: the depth-k draft from root i-k+2).
 
     Pass k >= 2 runs only from the first position whose root can count (the batch's shortest prompt): a
@@ -86,7 +89,7 @@ def eagle_passes(head: EagleHead, embed: torch.Tensor, batch: Batch, depth: int)
     embeds = F.pad(embed[batch.tokens[:, 1:]], (0, 0, 0, 1))  # [B, T, D] embed(t_{i+1})
     positions = torch.arange(t)[None].expand(b, t)
     first_root = max(0, int(batch.prompt_lens.min()) - 1)  # no chain starts earlier
-    features, keys, values, outputs, starts = batch.hidden, [], [], [], []
+    features, keys, values, outputs, starts = head.fuse(batch.hidden), [], [], [], []
     for k in range(1, depth + 1):
         start = 0 if k == 1 else min(t - 1, first_root + k - 2)  # root i - k + 2 >= first_root
         starts.append(start)
@@ -108,16 +111,22 @@ def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int
                decay: float = 0.8, soft: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance.
     ``soft``: KL divergence from the target's whole distribution over the draft vocabulary (its LM head on the
-    recorded feature, as EAGLE trains), else cross-entropy against the token it chose (``_token_loss``)."""
+    recorded feature, as EAGLE trains), else cross-entropy against the token it chose (``_token_loss``).
+    EAGLE-3 (``head.predicts_features`` False): tokens only, hard labels (its batch holds aux features, not
+    the last hidden state the soft labels and the feature regression need)."""
     total, hits = 0.0, []
+    if not head.predicts_features:
+        if soft:
+            raise ValueError("EAGLE-3 heads train on hard labels only")
+        regression = 0.0
     target_features = F.pad(batch.hidden[:, 1:], (0, 0, 0, 1))  # [B, T, D] f_{i+1}
     labels = _labels(batch, vocab, 2)  # t_{i+2}
     for k, out in enumerate(eagle_passes(head, embed, batch, depth), start=1):
         real = _valid(batch, k, offset=2 - k)  # root r = i - k + 2, label r + k = i + 2
         valid = real & (labels >= 0)  # and the label is in the draft vocabulary
-        logits = out[valid] @ lm_rows.t()  # [n, Vd]
+        logits = head.draft_logits(out[valid], lm_rows)  # [n, Vd]
         ce = _token_loss(logits, labels[valid], target_features[valid], lm_rows, soft) if valid.any() else out.sum() * 0
-        reg = F.smooth_l1_loss(out[valid], target_features[valid]) if valid.any() else out.sum() * 0
+        reg = F.smooth_l1_loss(out[valid], target_features[valid]) if regression and valid.any() else 0.0
         total = total + decay ** (k - 1) * (ce + regression * reg)
         correct = torch.zeros_like(valid)
         correct[valid] = logits.argmax(-1) == labels[valid]
@@ -160,7 +169,7 @@ def chain_acceptance(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -
     Positions are re-aligned to roots: EAGLE's pass k at i has root i - k + 2, Medusa's head k at i root i + 1."""
     out, alive = [], None
     for k, (correct, valid) in enumerate(hits, start=1):
-        shift = k - 2 if kind == "eagle" else -1  # position of root r's depth-k draft is r + shift
+        shift = -1 if kind == "medusa" else k - 2  # position of root r's depth-k draft is r + shift
         c = _shift(correct, shift)
         v = _shift(valid, shift)
         alive = c if alive is None else alive & c

@@ -8,6 +8,7 @@ Spec-Bench, MT-bench, HumanEval or GSM8K. They are part of paradecode and under 
     paradecode train-draft --prompts builtin     # these prompts (the default)
     paradecode train-draft --prompts builtin,builtin-tasks   # and task-shaped prompts (task_prompts.py)
     paradecode train-draft --prompts my.jsonl    # one {"prompt": "..."} object per line
+    paradecode train-draft --prompts ../shared/data/prompts --num-prompts 24000   # a mix of every .jsonl there
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ def builtin_prompts(count: int = 1000, seed: int = 0) -> list[str]:
 
 
 def read_prompts(source: str, count: int) -> list[str]:
-    """``builtin``, ``builtin-tasks`` (``task_prompts.py``) or a .jsonl file of ``{"prompt": ...}`` (or ``{"turns": [...]}``) objects."""
+    """``builtin``, ``builtin-tasks`` (``task_prompts.py``), a .jsonl file of ``{"prompt": ...}`` (or
+    ``{"turns": [...]}``) objects (its first ``count``), or a folder of such files (``mix_prompts``)."""
+    if Path(source).is_dir():
+        return mix_prompts(Path(source), count)
     if source == "builtin":
         return builtin_prompts(count)
     if source == "builtin-tasks":
@@ -86,9 +90,50 @@ def read_prompts(source: str, count: int) -> list[str]:
         return task_prompts(count)
     path = Path(source)
     if not path.is_file():
-        raise ParadecodeError(f"prompt file {source} does not exist; pass a .jsonl file or 'builtin'.")
+        raise ParadecodeError(f"prompt file {source} does not exist; pass a .jsonl file, a folder of them or "
+                              "'builtin'.")
+    return _read_jsonl(path)[:count]
+
+
+def mix_prompts(folder: Path, count: int, seed: int = 0) -> list[str]:
+    """``count`` distinct prompts from every .jsonl file in ``folder``, as even a mix of the files as their sizes
+    allow (water-filling: a file smaller than its share gives all of its prompts, the others share the rest
+    equally), each file's sample drawn at random with ``seed``, the whole mix shuffled (so any prefix of it,
+    e.g. the first shards of an interrupted run, is a mix too). Prompts that occur twice are kept once."""
+    files = sorted(folder.glob("*.jsonl"))
+    if not files:
+        raise ParadecodeError(f"{folder} holds no .jsonl prompt files.")
+    seen: set[str] = set()
+    sources = []
+    for path in files:
+        unique = [p for p in dict.fromkeys(_read_jsonl(path)) if p not in seen]
+        seen.update(unique)
+        sources.append(unique)
+    shares = [0] * len(sources)
+    left, open_ = min(count, sum(map(len, sources))), sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    while open_:
+        level = left // len(open_)
+        i = open_[0]
+        if len(sources[i]) <= level:  # the smallest file fits under the level: all of it
+            shares[i] = len(sources[i])
+            left -= shares[i]
+            open_.pop(0)
+            continue
+        for rank, i in enumerate(open_):  # the rest share what is left (the remainder to the first ones)
+            shares[i] = level + (rank < left - level * len(open_))
+        break
+    draws = random.Random(seed)
+    prompts = [p for prompts, share in zip(sources, shares) for p in draws.sample(prompts, share)]
+    draws.shuffle(prompts)
+    return prompts
+
+
+def _read_jsonl(path: Path) -> list[str]:
+    source = str(path)
     prompts = []
-    for number, line in enumerate(utf8.read(path, f"prompt file {source}").splitlines(), 1):
+    # JSON Lines are split at "\n" only: str.splitlines() also splits at U+2028 and other separators, which
+    # JSON strings may hold unescaped
+    for number, line in enumerate(utf8.read(path, f"prompt file {source}").split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -101,4 +146,4 @@ def read_prompts(source: str, count: int) -> list[str]:
         prompts.append(text)
     if not prompts:
         raise ParadecodeError(f"{source} holds no prompts.")
-    return prompts[:count]
+    return prompts

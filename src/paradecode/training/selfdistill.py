@@ -4,16 +4,19 @@ Two teachers answer the prompts (``DistillConfig.teacher``):
 
 * ``int8`` (the default): paradecode's own int8 backend, the one the heads draft for by default (its greedy
   answers differ from fp32's after the first differing token, so data from fp32 teaches the head text it will
-  not be asked to draft). One prompt at a time through the engine (``ar``), then one forward over prompt +
-  answer for the hidden states (every row of the native forward equals the row decoding computed, to the
-  bit). ``workers`` processes of one thread each answer shards side by side.
+  not be asked to draft). ``batch_size`` prompts decode at once through the engine (``ar``) on the model's
+  batcher (``Model.generate_batch``: their passes share forwards, each answer exactly what it is alone), then
+  one forward over prompt + answer gives each row's hidden states (every row of the native forward equals the
+  row decoding computed, to the bit). ``workers`` processes answer shards side by side (one batch each).
 * ``fp32``: transformers ``generate`` on the checkpoint's weights in left-padded batches sorted by prompt
   length, keeping the last hidden state generation computed at every position (after the final norm, what
   the LM head reads: the same rows ``Backend.forward(return_hidden=True)`` returns), plus one cached step
   for the last token.
 
 Each shard is saved as soon as it is done (``shard-NNNNN.pt``: token ids, prompt lengths, fp16 hidden
-states), so an interrupted run resumes at the first missing shard.
+states), so an interrupted run resumes at the first missing shard. With ``hidden=False`` a shard holds the
+token ids only (the expensive part, decoding, is kept; the features a head kind needs are computed from the
+tokens when it trains, ``training.features``: 20,000 answers of final hidden states alone are ~6 GB).
 """
 
 from __future__ import annotations
@@ -40,7 +43,18 @@ class DistillConfig:
     temperature: float = 0.0  # 0: greedy answers (what greedy decoding will be asked to draft)
     max_prompt_tokens: int = 256
     seed: int = 0
-    teacher: str = "int8"  # int8: paradecode's int8 backend, one prompt at a time; fp32: transformers, batched
+    teacher: str = "int8"  # int8: paradecode's int8 backend (batched passes); fp32: transformers generate, batched
+    hidden: bool = True  # False: token ids only (features are computed at training time)
+    shard_size: int = 0  # prompts per saved shard (0: SHARD_SIZE)
+
+    def key(self) -> dict:
+        """The settings a shard's answers depend on (the manifest's hash): the fields added later count only when
+        they differ from their defaults, so folders written before them stay valid."""
+        fields = dataclasses.asdict(self)
+        for name in ("hidden", "shard_size"):
+            if fields[name] == DistillConfig.__dataclass_fields__[name].default:
+                del fields[name]
+        return fields
 
 
 TEACHERS = ("int8", "fp32")
@@ -56,11 +70,12 @@ def generate_dataset(model_dir: Path, prompts: list[str], out: Path, config: Dis
     manifest_path = out / "manifest.json"  # what each shard answers, so a reused folder cannot mix data sets
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     shards, missing = [], []
-    for index, first in enumerate(range(0, len(prompts), SHARD_SIZE)):
+    size = config.shard_size or SHARD_SIZE
+    for index, first in enumerate(range(0, len(prompts), size)):
         path = out / f"shard-{index:05d}.pt"
         shards.append(path)
-        chunk = prompts[first : first + SHARD_SIZE]
-        key = hashlib.sha256(json.dumps([dataclasses.asdict(config), chunk]).encode()).hexdigest()
+        chunk = prompts[first : first + size]
+        key = hashlib.sha256(json.dumps([config.key(), chunk]).encode()).hexdigest()
         if manifest.setdefault(path.name, key) != key:
             raise ParadecodeError(f"{out} holds answers to other prompts or settings ({path.name}); "
                                   "pass another --data folder.")
@@ -151,19 +166,24 @@ def _worker_shard(path: Path, prompts: list[str]) -> int:
 
 @torch.inference_mode()
 def answer_on_backend(model, prompts: list[list[int]], config: DistillConfig) -> list[dict]:
-    """Answers of a loaded ``paradecode.Model`` (one prompt at a time, ``ar``) and the hidden states along them:
-    a list of {tokens [T], prompt_len, hidden [T, D] fp16}, as ``answer_and_record``."""
+    """Answers of a loaded ``paradecode.Model`` (``ar``, ``config.batch_size`` prompts decoding at once) and the
+    hidden states along them: a list of {tokens [T], prompt_len, hidden [T, D] fp16 (with config.hidden)}, as
+    ``answer_and_record``. Prompt ``i`` of a sampled set uses seed ``config.seed + i``, batched or not."""
+    sampled = config.temperature > 0
+    requests = [dict(prompt=prompt, seed=config.seed + number if sampled else None)
+                for number, prompt in enumerate(prompts)]
+    results = model.generate_batch(requests, max_batch=config.batch_size, method="ar",
+                                   max_new_tokens=config.max_new_tokens, temperature=config.temperature)
     rows = []
-    for number, prompt in enumerate(prompts):
-        sampled = config.temperature > 0
-        result = model.generate(prompt, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                seed=config.seed + number if sampled else None)
+    for prompt, result in zip(prompts, results):
         tokens = prompt + result.token_ids
-        model.backend.reset()
-        hidden = model.backend.forward(torch.tensor(tokens), return_hidden=True, logits=False).hidden  # [T, D]
-        model.backend.reset()
-        rows.append(dict(tokens=torch.tensor(tokens, dtype=torch.int32), prompt_len=len(prompt),
-                         hidden=hidden.to(torch.float16).clone()))
+        row = dict(tokens=torch.tensor(tokens, dtype=torch.int32), prompt_len=len(prompt))
+        if config.hidden:
+            model.backend.reset()
+            hidden = model.backend.forward(torch.tensor(tokens), return_hidden=True, logits=False).hidden  # [T, D]
+            model.backend.reset()
+            row["hidden"] = hidden.to(torch.float16).clone()
+        rows.append(row)
     return rows
 
 
@@ -206,8 +226,10 @@ def answer_and_record(model, tokenizer, prompts: list[list[int]], config: Distil
             answer = generated.sequences[row, width:].tolist()
             cut = next((i + 1 for i, t in enumerate(answer) if t in eos), len(answer))
             rows[order[first + row]] = dict(tokens=torch.tensor(prompt + answer[:cut], dtype=torch.int32),
-                                            prompt_len=len(prompt),
-                                            hidden=states[row, width - len(prompt) : width + cut].to(torch.float16).clone())
+                                            prompt_len=len(prompt))
+            if config.hidden:
+                rows[order[first + row]]["hidden"] = states[row, width - len(prompt) : width + cut].to(
+                    torch.float16).clone()
     return rows
 
 

@@ -22,7 +22,7 @@ from paradecode.heads.store import TargetWeights, build_head, head_config, save_
 from paradecode.training.losses import (DraftVocab, chain_acceptance, draft_vocab, eagle_loss, make_batch,
                                         medusa_loss)
 
-LOSSES = {"eagle": eagle_loss, "medusa": medusa_loss}
+LOSSES = {"eagle": eagle_loss, "eagle3": eagle_loss, "medusa": medusa_loss}
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,10 @@ class TrainConfig:
     batch_size: int = 8  # sequences per step
     lr: float = 1e-3
     draft_vocab: int = 4096  # draft logits over this many most frequent answer tokens (0: the full vocabulary)
-    depth: int = 3  # eagle: unrolled draft depths trained per step
+    depth: int = 3  # eagle, eagle3: unrolled draft depths trained per step (the training-time test)
     eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
     medusa_heads: int = 4
+    aux_layers: tuple[int, ...] = ()  # eagle3: the target layers whose inputs it reads (empty: 2, L/2, L-3)
     feature_loss: float = 1.0  # eagle: weight of the smooth-L1 loss on the predicted feature (0: tokens only)
     soft_labels: bool = False  # True: KL to the target's distribution over the draft vocabulary; False: CE on its token
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 weights) | auto: bf16 where it measures faster
@@ -45,9 +46,19 @@ class TrainConfig:
 
 
 def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: Path, config: TrainConfig,
-               log: Callable[[str], None] = print, progress: bool = True, training_info: dict | None = None):
-    """Train a head on self-distilled ``rows``; returns (the head, its saved config with the per-epoch history)."""
+               log: Callable[[str], None] = print, progress: bool = True, training_info: dict | None = None,
+               features: Callable[[list[dict], tuple[int, ...]], list[torch.Tensor]] | None = None):
+    """Train a head on self-distilled ``rows``; returns (the head, its saved config with the per-epoch history).
+    ``features(rows, aux_layers)`` computes the target's features along rows (``training.features``): the inputs
+    of ``aux_layers`` (EAGLE-3), or with no aux layers the last hidden state (rows stored without it)."""
     from tqdm import tqdm
+
+    if config.kind == "eagle3" and config.soft_labels:
+        raise ParadecodeError("eagle3 heads train on hard labels only (--labels hard).")
+    needs_features = config.kind == "eagle3" or any("hidden" not in r for r in rows)
+    if needs_features and features is None:
+        raise ParadecodeError("these rows carry no hidden states (or an eagle3 head needs other layers'): "
+                              "train through train_draft_head, which computes them with the target.")
 
     torch.manual_seed(config.seed)
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed)).tolist()
@@ -56,7 +67,11 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     vocab = draft_vocab(train, target.config["vocab_size"], config.draft_vocab)
     lm_rows = target.lm_head[vocab.ids].contiguous()  # [Vd, D]
     shape = HeadShape.from_target_config(target.config)
-    head = build_head(config.kind, shape, config.medusa_heads)
+    head = build_head(config.kind, shape, config.medusa_heads, num_layers=target.config["num_hidden_layers"],
+                      aux_layers=config.aux_layers, draft_vocab=len(vocab.ids))
+    if config.kind == "eagle3":
+        head.init_lm_head(lm_rows)
+    batch_features = functools.partial(features, aux_layers=head.aux_layers) if needs_features else None
     if config.init:
         from paradecode.heads.store import load_head
 
@@ -83,11 +98,11 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             log(f"resuming at epoch {state['epoch'] + 1}, step {state['step']}")
         else:
             log("checkpoint from a different configuration or data set: starting over")
-    loss_fn = (functools.partial(eagle_loss, regression=config.feature_loss, soft=config.soft_labels)
-               if config.kind == "eagle" else functools.partial(medusa_loss, soft=config.soft_labels))
+    loss_fn = (functools.partial(medusa_loss, soft=config.soft_labels) if config.kind == "medusa" else
+               functools.partial(eagle_loss, regression=config.feature_loss, soft=config.soft_labels))
     autocast = autocast_dtype(config.precision, target.config["hidden_size"], target.config["intermediate_size"])
     log(f"training in {'bf16 autocast' if autocast else 'fp32'}")
-    depth = config.depth if config.kind == "eagle" else 0
+    depth = 0 if config.kind == "medusa" else config.depth
 
     def save_checkpoint() -> None:
         torch.save(dict(config=dataclasses.asdict(config), rows=len(rows), head=head.state_dict(),
@@ -104,7 +119,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
         head.train()
         started = time.perf_counter()
         while state["step"] < steps_per_epoch:
-            batch = make_batch([train[i] for i in batches[state["step"]]])
+            batch = make_batch([train[i] for i in batches[state["step"]]], batch_features)
             with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                 loss, _ = loss_fn(head, target.embed, lm_rows, vocab, batch, depth)
             optimizer.zero_grad()
@@ -121,7 +136,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
                 save_checkpoint()
         bar.close()
         state["seconds"] += time.perf_counter() - started
-        accept = evaluate(head, target, lm_rows, vocab, holdout, config)
+        accept = evaluate(head, target, lm_rows, vocab, holdout, config, features=batch_features)
         state["history"].append(dict(epoch=epoch + 1, loss=loss.item(), **accept))
         state["epoch"], state["step"] = epoch + 1, 0
         info = dict(training_info or {}, config=dataclasses.asdict(config), history=state["history"],
@@ -133,8 +148,8 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
     if not saved_config:  # every epoch was done before: the head on disk is the result
         saved_config = json.loads((out / "config.json").read_text())
-    elif config.draft_vocab:
-        saved_config["training"]["vocab_sweep"] = vocab_sweep(head, target, vocab, holdout, config)
+    elif config.draft_vocab and config.kind != "eagle3":  # (eagle3 scores its own LM head's rows)
+        saved_config["training"]["vocab_sweep"] = vocab_sweep(head, target, vocab, holdout, config, batch_features)
         log(f"draft vocabulary size vs held-out acceptance: {saved_config['training']['vocab_sweep']}")
         save_head(out, head, saved_config, vocab.ids)
     return head, saved_config
@@ -173,7 +188,8 @@ def epoch_batches(rows: list[dict], batch_size: int, seed: int, span: int = 8) -
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict], config: TrainConfig) -> list[dict]:
+def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict], config: TrainConfig,
+                features=None) -> list[dict]:
     """Held-out acceptance when drafting over the N most frequent tokens only (``--opt draft_vocab=N``), for N
     from an eighth of the trained draft vocabulary up to all of it, with the share of answer tokens it covers."""
     sizes = sorted({max(1, len(vocab.ids) // f) for f in (8, 4, 2, 1)})
@@ -183,7 +199,8 @@ def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict]
         ids = vocab.ids[:size]
         to_draft = torch.full_like(vocab.to_draft, -100)
         to_draft[ids] = torch.arange(size)
-        accept = evaluate(head, target, target.lm_head[ids].contiguous(), DraftVocab(ids, to_draft), rows, config)
+        accept = evaluate(head, target, target.lm_head[ids].contiguous(), DraftVocab(ids, to_draft), rows, config,
+                          features=features)
         results.append(dict(size=size, coverage=round(float((to_draft[answers] >= 0).float().mean()), 4),
                             acceptance=[round(a, 4) for a in accept["acceptance"]],
                             tau_chain=round(accept["tau_chain"], 3)))
@@ -192,14 +209,14 @@ def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict]
 
 @torch.no_grad()
 def evaluate(head, target: TargetWeights, lm_rows, vocab, rows: list[dict], config: TrainConfig,
-             batch_size: int = 8) -> dict:
+             batch_size: int = 8, features=None) -> dict:
     """Held-out greedy chain acceptance: per depth k, the share of roots whose draft is right at depths 1..k,
     and the tokens per step a chain of that length would give (1 + the sum of those shares)."""
     head.eval()
-    depth = config.eval_depth if config.kind == "eagle" else config.medusa_heads
+    depth = config.medusa_heads if config.kind == "medusa" else config.eval_depth
     totals = None
     for first in range(0, len(rows), batch_size):
-        batch = make_batch(rows[first : first + batch_size])
+        batch = make_batch(rows[first : first + batch_size], features)
         _, hits = LOSSES[config.kind](head, target.embed, lm_rows, vocab, batch, depth)
         counts = chain_acceptance(hits, config.kind)
         totals = counts if totals is None else [(a + c, b + d) for (a, b), (c, d) in zip(totals, counts)]

@@ -118,7 +118,7 @@ def check(key: str, build_dir: str, source: str) -> None:
     for forward, label in [(int8, "the {} kernel"), (four_bit, "4-bit projections and the {} kernel")]:
         for kernel in forward.kernels():
             forward.set_kernels([kernel] * 3)
-            _, logits = forward.forward(torch.tensor([1, 2, 3]), torch.arange(3), [(pages, 0, 3, None)], [0], True)
+            logits = forward.forward(torch.tensor([1, 2, 3]), torch.arange(3), [(pages, 0, 3, None)], [0], True)[1]
             if not torch.isfinite(logits).all():
                 raise SystemExit(f"the native forward returned non-finite logits with {label.format(kernel)}")
 

@@ -123,10 +123,13 @@ class Int8Forward {
 
   // ids [T] int64 and positions [T] int64 (RoPE); segments: (page table int32 [pages], start, count, mask
   // [count, start + count] bool or None) whose counts add up to T, rows in segment order; layers: indices to
-  // run. Returns (final-normed hidden [T, D], logits [T, V] or undefined).
-  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& ids, const at::Tensor& positions,
-                                             const py::list& segment_list, const std::vector<int64_t>& layers,
-                                             bool want_logits) {
+  // run; capture: layer indices (ascending, among those run) whose input, the residual stream entering the
+  // layer, is copied out (EAGLE-3's features). Returns (final-normed hidden [T, D], logits [T, V] or undefined,
+  // captured [T, capture.size() * D] or undefined).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids, const at::Tensor& positions,
+                                                         const py::list& segment_list,
+                                                         const std::vector<int64_t>& layers, bool want_logits,
+                                                         const std::vector<int64_t>& capture) {
     at::NoGradGuard no_grad;
     const int64_t t = ids.size(0), d = embed_.size(1);
     TORCH_CHECK(positions.numel() == t && positions.scalar_type() == at::kLong, "positions must be [T] int64");
@@ -140,12 +143,21 @@ class Int8Forward {
     at::Tensor x = embed_.index_select(0, ids).contiguous();  // [T, D]
     const Kernel kernel = kernels_[bucket_of(t)];
     h_.resize(t * d);
+    const int64_t captures = static_cast<int64_t>(capture.size());
+    at::Tensor captured;  // undefined (None) when nothing is captured
+    if (captures > 0) captured = at::empty({t, captures * d}, x.options());
+    int64_t next_capture = 0;
     clock_.start();
     for (int64_t index : layers) {
       TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(layers_.size()), "layer index out of range");
       const Layer& layer = layers_[index];
       const LayerCache cache = layer_cache(index);
       float* xp = x.data_ptr<float>();
+      if (next_capture < captures && capture[next_capture] == index) {
+        float* to = captured.data_ptr<float>() + next_capture * d;
+        for (int64_t r = 0; r < t; ++r) std::copy(xp + r * d, xp + (r + 1) * d, to + r * captures * d);
+        ++next_capture;
+      }
       rms_norm(xp, t, layer.attn_norm, h_.data());
       clock_.lap(kNorm);
       qkv_.resize(t * layer.qkv.out_features());
@@ -164,6 +176,7 @@ class Int8Forward {
       clock_.lap(kSilu);
       layer.down.apply(kernel, act_.data(), t, xp, true, clock_, ws_);
     }
+    TORCH_CHECK(next_capture == captures, "capture must list ascending indices of layers the pass runs");
     at::Tensor hidden = at::empty_like(x);
     rms_norm(x.data_ptr<float>(), t, norm_, hidden.data_ptr<float>());
     at::Tensor logits;  // undefined (None) when not wanted: a prefill skips the LM head
@@ -173,7 +186,7 @@ class Int8Forward {
       head_.apply(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), false, head_clock, ws_);
     }
     clock_.lap(kHead);
-    return {hidden, logits};
+    return {hidden, logits, captured};
   }
 
  private:
@@ -388,5 +401,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("move_slots", &Int8Forward::move_slots)
       .def("set_profiling", &Int8Forward::set_profiling)
       .def("stage_seconds", &Int8Forward::stage_seconds)
-      .def("forward", &Int8Forward::forward);
+      .def("forward", &Int8Forward::forward, py::arg("ids"), py::arg("positions"), py::arg("segments"),
+           py::arg("layers"), py::arg("want_logits"), py::arg("capture") = std::vector<int64_t>());
 }

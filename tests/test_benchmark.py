@@ -124,6 +124,16 @@ def test_select_keeps_file_order_per_category(tmp_path):
     assert questions.parse_per_category("all") is None
 
 
+def test_a_line_separator_inside_a_question_stays_in_it(tmp_path):
+    """U+2028 and U+0085 may stand unescaped in a JSON string (json.dumps(..., ensure_ascii=False)); the file
+    is split at newlines only (str.splitlines would cut the line in two); Windows line ends are fine too."""
+    row = json.dumps(dict(question_id=7, category="qa", turns=["one\u2028two\x85three"]), ensure_ascii=False)
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(QUESTIONS[0]) + "\r\n" + row + "\r\n", newline="")
+    loaded = questions.load_questions(path)
+    assert [q.question_id for q in loaded] == [1, 7] and loaded[1].turns == ("one\u2028two\x85three",)
+
+
 @pytest.mark.parametrize("line,message", [
     ('{"question_id": 9, "category": "qa", "turns": ["ok"]', "line 3 is not valid JSON"),
     ('[1, 2]', "line 3 is not a JSON object"),

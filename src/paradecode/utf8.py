@@ -51,3 +51,11 @@ def check(text: str, source: str, escaped_bytes: bool = False) -> str:
         except UnicodeEncodeError:
             pass
     raise ParadecodeError(f"{source} is not valid Unicode text: it holds a lone surrogate.")
+
+
+def json_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text: split at "\n" only (and a "\r" before it dropped). ``str.splitlines``
+    also splits at U+2028, U+0085 and other separators, which a JSON string may hold unescaped (json.dumps
+    with ensure_ascii=False writes them as they are): that would cut a line in two."""
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    return lines[:-1] if lines and not lines[-1] else lines  # no line after the final newline

@@ -40,7 +40,7 @@ def load_questions(path: str | Path) -> list[Question]:
         )
     questions: list[Question] = []
     seen: set = set()
-    for number, line in enumerate(utf8.read(path, f"questions file {path}").splitlines(), start=1):
+    for number, line in enumerate(utf8.json_lines(utf8.read(path, f"questions file {path}")), start=1):
         if not line.strip():
             continue
         questions.append(_parse_line(line, number, path))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from paradecode import utf8
 from paradecode.backends import DTYPES
 from paradecode.benchmark.peers import PEERS, Peer
 from paradecode.benchmark.questions import Question, round_robin
@@ -221,7 +222,7 @@ def read_records(out_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in utf8.json_lines(path.read_text(encoding="utf-8")):
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

@@ -131,9 +131,7 @@ def mix_prompts(folder: Path, count: int, seed: int = 0) -> list[str]:
 def _read_jsonl(path: Path) -> list[str]:
     source = str(path)
     prompts = []
-    # JSON Lines are split at "\n" only: str.splitlines() also splits at U+2028 and other separators, which
-    # JSON strings may hold unescaped
-    for number, line in enumerate(utf8.read(path, f"prompt file {source}").split("\n"), 1):
+    for number, line in enumerate(utf8.json_lines(utf8.read(path, f"prompt file {source}")), 1):
         if not line.strip():
             continue
         try:

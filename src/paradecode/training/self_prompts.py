@@ -82,7 +82,7 @@ def make_prompts(model, count: int, out: Path, seed: int = 0, temperature: float
     banned = _benchmark_runs()
     kept, seen, call = [], set(), 0
     if out.exists():
-        for number, line in enumerate(utf8.read(out).splitlines(), 1):
+        for number, line in enumerate(utf8.json_lines(utf8.read(out)), 1):
             try:
                 row = json.loads(line)
                 prompt, row_call = row["prompt"], int(row["call"])

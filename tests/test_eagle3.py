@@ -215,3 +215,29 @@ def test_bad_aux_layers_are_refused_clearly():
     for bad in ((2, 1), (0, 30), (1, 1)):
         with pytest.raises(ParadecodeError, match="EAGLE-3 aux layers must be ascending layer indices"):
             build_head("eagle3", shape, num_layers=30, aux_layers=bad)
+
+
+def test_teacher_forced_acceptance_ranks_a_trained_head_above_a_fresh_one(trained, tmp_path):
+    from paradecode.training.acceptance import evaluate_heads
+
+    model_dir, head, _, cache = trained
+    target = target_weights(str(model_dir))
+    fresh = build_head("eagle3", HeadShape.from_target_config(target.config), num_layers=2, aux_layers=(1,),
+                       draft_vocab=40)
+    ids = load_head(head, "eagle3", target).draft_ids
+    save_head(tmp_path / "fresh", fresh, head_config(fresh, target, "tiny", ids), ids)
+    model = paradecode.load(str(model_dir), backend="llama", dtype="int8", cache_dir=cache)
+    prompts = [model.encode(p) for p in ("w3 w4 w5", "w9 w10", "w20 w21 w22 w23", "w31 w32")]
+    results = evaluate_heads(model, model_dir, [str(head), str(tmp_path / "fresh")], prompts, 20, 3,
+                             log=lambda m: None)
+    for r in results:
+        shares = r["acceptance"]
+        assert len(shares) == 3 and all(0 <= b <= a <= 1 for a, b in zip(shares, shares[1:]))
+        assert r["tau_chain"] == pytest.approx(1 + sum(shares))
+    assert results[0]["acceptance"][0] > results[1]["acceptance"][0] + 0.2
+
+
+def test_eval_draft_refuses_a_folder_that_is_not_a_head(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["eval-draft", "--head", str(tmp_path / "empty")]) == 2
+    assert "is not a head folder" in capsys.readouterr().err

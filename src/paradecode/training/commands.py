@@ -17,7 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from paradecode.arguments import add_cache_argument, file_to_write, folder_to_read, folder_to_write, model_name
+from paradecode.arguments import (add_cache_argument, file_to_read, file_to_write, folder_to_read, folder_to_write,
+                                  model_name)
 from paradecode.errors import ParadecodeError
 
 
@@ -99,6 +100,24 @@ def add_commands(commands) -> None:
     prompts.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default: 0.8)")
     prompts.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     prompts.set_defaults(run=run_make_prompts)
+
+    accept = commands.add_parser(
+        "eval-draft", help="teacher-forced acceptance of draft heads on the benchmark's answers",
+        description="The target answers the benchmark's first turns (greedy); each head then drafts a greedy "
+                    "chain from every root of those answers on the target's true features: the share of roots "
+                    "right at depths 1..k and the tokens per step a chain of that length would give.")
+    accept.add_argument("--head", required=True, action="append", type=folder_to_read("--head"),
+                        help="head folder written by train-draft (repeat for several)")
+    accept.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
+                        help=f"their target model (default: {DEFAULT_MODEL})")
+    add_cache_argument(accept)
+    accept.add_argument("--questions", type=file_to_read("--questions"),
+                        help="Spec-Bench-format .jsonl (default: the shipped Spec-Bench questions)")
+    accept.add_argument("--per-category", default="5", help="questions per category, or 'all' (default: 5)")
+    accept.add_argument("--max-new-tokens", type=int, default=128, help="answer length (default: 128)")
+    accept.add_argument("--depth", type=int, default=6, help="deepest draft position scored (default: 6)")
+    accept.add_argument("--json", type=file_to_write("--json"), help="also write the results to this file")
+    accept.set_defaults(run=run_eval)
 
     export = commands.add_parser(
         "export-draft", help="export an EAGLE or EAGLE-3 head as a vLLM / SGLang checkpoint",
@@ -184,6 +203,37 @@ def run_make_prompts(args: argparse.Namespace) -> int:
     model = load(args.model, cache_dir=args.cache_dir)
     kept = make_prompts(model, args.count, out, seed=args.seed, temperature=args.temperature, log=_log)
     _log(f"wrote {len(kept)} prompts to {out}; use them with: paradecode train-draft --prompts {out} ...")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from paradecode.api import load
+    from paradecode.benchmark.questions import default_questions_path, load_questions, parse_per_category, select
+    from paradecode.benchmark.runner import build_prompt
+    from paradecode.training.acceptance import evaluate_heads
+
+    if args.max_new_tokens < 1 or args.depth < 1:
+        raise ParadecodeError("--max-new-tokens and --depth must be >= 1.")
+    path = args.questions or default_questions_path()
+    if path is None:
+        raise ParadecodeError("no questions file: pass --questions FILE.jsonl (Spec-Bench format).")
+    questions = select(load_questions(path), parse_per_category(args.per_category))
+    for folder in args.head:
+        if not (Path(folder) / "config.json").is_file():
+            raise ParadecodeError(f"--head {folder} is not a head folder (it needs config.json and head.safetensors).")
+    model = load(args.model, backend="llama", dtype="int8", cache_dir=args.cache_dir)
+    prompts = [build_prompt(model, [q.turns[0]], []) for q in questions]
+    results = evaluate_heads(model, Path(model.model_dir), args.head, prompts, args.max_new_tokens, args.depth,
+                             log=_log)
+    print(f"teacher-forced chain acceptance on {len(questions)} questions' answers ({Path(path).name})")
+    print("head | kind | " + " | ".join(f"depth {k}" for k in range(1, args.depth + 1)) + " | tau (chain)")
+    for r in results:
+        print(f"{r['head']} | {r['kind']} | " + " | ".join(f"{a:.3f}" for a in r["acceptance"]) +
+              f" | {r['tau_chain']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(questions=len(questions), results=results), indent=1) + "\n")
     return 0
 
 

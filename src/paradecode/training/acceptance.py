@@ -1,0 +1,53 @@
+"""Teacher-forced acceptance of draft heads on a benchmark's answers (``paradecode eval-draft``).
+
+The target answers the benchmark's first turns itself (greedy ``ar``, the answers every lossless method
+produces); then each head drafts a greedy chain from every root of every answer, reading the target's true
+features along the answer: the share of roots whose draft is right at depths 1..k, and the tokens per step a
+chain of length k would give (1 + the sum of those shares). This is what a head would accept when drafting
+the benchmark, without the decoding loop: the held-out estimate training prints is the same measure on the
+training data's own kind of answers, so the two side by side show how far the training data is from the
+benchmark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from paradecode.heads.store import load_head, target_weights
+from paradecode.training.features import TargetFeatures
+from paradecode.training.losses import DraftVocab
+from paradecode.training.trainer import TrainConfig, evaluate
+
+
+def benchmark_rows(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int = 16) -> list[dict]:
+    """The target's greedy answers to ``prompts`` (token ids) as training-style rows {tokens, prompt_len}."""
+    results = model.generate_batch(list(prompts), max_batch=batch, method="ar", max_new_tokens=max_new_tokens)
+    return [dict(tokens=torch.tensor(list(p) + r.token_ids, dtype=torch.int32), prompt_len=len(p))
+            for p, r in zip(prompts, results)]
+
+
+def head_acceptance(model, model_dir: Path, folder: str | Path, rows: list[dict], depth: int) -> dict:
+    """Chain acceptance of the head in ``folder`` over ``rows``: {kind, acceptance by depth, tau_chain}."""
+    target = target_weights(str(model_dir))
+    head = load_head(folder, None, target)
+    kind, module = head.config["kind"], head.module
+    vocab_size = target.config["vocab_size"]
+    ids = head.draft_ids if head.draft_ids is not None else torch.arange(vocab_size)
+    to_draft = torch.full((vocab_size,), -100, dtype=torch.long)
+    to_draft[ids] = torch.arange(len(ids))
+    config = TrainConfig(kind=kind, eval_depth=depth, medusa_heads=getattr(module, "num_heads", 4))
+    features = TargetFeatures(model_dir, model=model)
+    aux = tuple(getattr(module, "aux_layers", ()))
+    result = evaluate(module, target, target.lm_head[ids].contiguous(), DraftVocab(ids, to_draft), rows, config,
+                      features=lambda batch: features(batch, aux_layers=aux))
+    return dict(kind=kind, head=str(folder), **result)
+
+
+def evaluate_heads(model, model_dir: Path, folders: Sequence[str], prompts: Sequence[list[int]],
+                   max_new_tokens: int, depth: int, log: Callable[[str], None] = print) -> list[dict]:
+    log(f"answering {len(prompts)} prompts with the target (greedy, {max_new_tokens} tokens)")
+    rows = benchmark_rows(model, prompts, max_new_tokens)
+    return [head_acceptance(model, model_dir, folder, rows, depth) for folder in folders]

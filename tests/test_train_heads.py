@@ -269,3 +269,27 @@ def test_train_draft_head_answers_every_source_into_its_folder_then_trains(tmp_p
     assert (tmp_path / "data" / "a").is_dir() and (tmp_path / "data" / "b").is_dir()
     assert (tmp_path / "head" / "head.safetensors").is_file()
     assert saved["training"]["answers"] == 20 and saved["training"]["command"] == "test"
+
+
+def test_data_only_then_train_only_on_the_shards_saved_so_far(tmp_path, monkeypatch):
+    """A data run stopped part way (a shard missing) trains with --train-only on what it saved; a folder with
+    no data is a clear error."""
+    from paradecode.training import selfdistill
+    from paradecode.training.pipeline import train_draft_head
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=5)
+    monkeypatch.setattr(selfdistill, "SHARD_SIZE", 4)
+    prompts = [("p.jsonl", [f"w{i} w{i + 1} w{i + 2}" for i in range(2, 14)])]  # three shards
+    distill = DistillConfig(max_new_tokens=6, batch_size=4, teacher="fp32", hidden=False)
+    train = TrainConfig(kind="eagle", epochs=1, batch_size=2, draft_vocab=0, holdout=2, precision="fp32")
+    common = dict(log=lambda m: None, progress=False)
+    assert train_draft_head("tiny", model_dir, prompts, tmp_path / "head", tmp_path / "data", distill, train,
+                            data_only=True, **common) is None
+    assert not (tmp_path / "head" / "head.safetensors").exists()
+    (tmp_path / "data" / "shard-00001.pt").unlink()  # as if stopped before it
+    saved = train_draft_head("tiny", model_dir, prompts, tmp_path / "head", tmp_path / "data", distill, train,
+                             train_only=True, **common)
+    assert saved["training"]["answers"] == 8 and not (tmp_path / "data" / "shard-00001.pt").exists()
+    with pytest.raises(ParadecodeError, match="holds no train-draft data"):
+        train_draft_head("tiny", model_dir, prompts, tmp_path / "head2", tmp_path / "nothing", distill, train,
+                         train_only=True, **common)

@@ -61,6 +61,9 @@ def add_commands(commands) -> None:
                             "fewer); the features are computed from the tokens when a head trains")
     train.add_argument("--data-only", action="store_true",
                        help="answer the prompts into --data and stop (train later with the same --prompts)")
+    train.add_argument("--train-only", action="store_true",
+                       help="answer nothing: train on the shards already saved in --data (e.g. while a "
+                            "--data-only run is still answering, or after it was stopped)")
     train.add_argument("--data", type=folder_to_write("--data"),
                        help="folder for the generated data (default: OUT/data); shared by several runs")
     train.add_argument("--out", required=True, type=folder_to_write("--out"),
@@ -159,6 +162,8 @@ def run_train(args: argparse.Namespace) -> int:
         aux_layers = tuple(int(i) for i in args.aux_layers.split(",") if i.strip())
     except ValueError:
         raise ParadecodeError(f"--aux-layers must be comma-separated layer numbers, got {args.aux_layers!r}.") from None
+    if args.data_only and args.train_only:
+        raise ParadecodeError("--data-only and --train-only exclude each other.")
     if aux_layers and args.kind != "eagle3":
         raise ParadecodeError("--aux-layers applies to --kind eagle3 only.")
     if args.kind == "eagle3" and args.labels == "soft":
@@ -178,7 +183,7 @@ def run_train(args: argparse.Namespace) -> int:
                              DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher,
                                            hidden=not args.tokens_only, shard_size=args.shard_size), train,
                              workers=args.workers, cache_dir=args.cache_dir, log=_log, progress=not args.no_progress,
-                             info=info, data_only=args.data_only)
+                             info=info, data_only=args.data_only, train_only=args.train_only)
     if args.data_only:
         _log(f"answers saved in {args.data or out / 'data'}; train on them with the same command without --data-only")
         return 0

@@ -12,21 +12,26 @@ from typing import Callable
 
 from paradecode.heads.store import target_weights
 from paradecode.training.features import TargetFeatures
-from paradecode.training.selfdistill import DistillConfig, generate_dataset, load_shards
+from paradecode.training.selfdistill import DistillConfig, generate_dataset, load_shards, saved_shards
 from paradecode.training.trainer import TrainConfig, train_head
 
 
 def train_draft_head(model: str, model_dir: Path, prompt_sets: list[tuple[str, list[str]]], out: Path, data: Path,
                      distill: DistillConfig, train: TrainConfig, *, workers: int = 1, cache_dir: str | None = None,
                      log: Callable[[str], None] = print, progress: bool = True, info: dict | None = None,
-                     data_only: bool = False) -> dict | None:
+                     data_only: bool = False, train_only: bool = False) -> dict | None:
     """Answer each (source, prompts) set into ``data`` (one subfolder per source when there are several, so a
     source can grow without touching the others), then train the head into ``out``; returns what
-    ``train_head`` saved (its config, with the training history). ``info`` goes into the saved config."""
+    ``train_head`` saved (its config, with the training history). ``info`` goes into the saved config.
+    ``data_only``: stop after the data; ``train_only``: answer nothing, train on the shards saved so far (of a
+    data run still going, or stopped)."""
     started = time.perf_counter()
     shards = []
     for source, prompts in prompt_sets:
         folder = data if len(prompt_sets) == 1 else data / Path(source).stem
+        if train_only:
+            shards += saved_shards(folder)
+            continue
         shards += generate_dataset(model_dir, prompts, folder, distill, log=log, workers=workers,
                                    cache_dir=cache_dir)
     data_seconds = time.perf_counter() - started

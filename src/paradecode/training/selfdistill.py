@@ -248,6 +248,13 @@ def generation_hidden(model, generated, attention: torch.Tensor) -> torch.Tensor
     return torch.cat(steps + [last], dim=1)
 
 
+def saved_shards(folder: Path) -> list[Path]:
+    """The shards already saved in a data folder (of a run still going or stopped), in order."""
+    if not (folder / "manifest.json").is_file():
+        raise ParadecodeError(f"{folder} holds no train-draft data (no manifest.json); answer prompts into it first.")
+    return sorted(folder.glob("shard-*.pt"))
+
+
 def load_shards(paths: list[Path]) -> list[dict]:
     rows = []
     for path in paths:

@@ -85,6 +85,8 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
         lm = torch.nn.Sequential(norm, lm)
     if head_dtype == "int8":  # (quantize_dynamic swaps child modules only, hence the Sequential around lm)
         module, lm = _int8_linears(copy.deepcopy(head.module)), _int8_linears(torch.nn.Sequential(lm))
+        if hasattr(module, "fc"):  # fc reads the target's features, whose outlier dimensions leave a per-tensor
+            module.fc = copy.deepcopy(head.module.fc)  # int8 activation scale too coarse for the rest: fp32
         if own is not None:
             module.lm_head = None  # drafting scores through ``lm`` (the rows kept), never the module's own
     return HeadRuntime(head, weights.embed, ids, weights.embed.shape[0], module.eval(), lm.eval())

@@ -234,6 +234,7 @@ def test_teacher_forced_acceptance_ranks_a_trained_head_above_a_fresh_one(traine
         shares = r["acceptance"]
         assert len(shares) == 3 and all(0 <= b <= a <= 1 for a, b in zip(shares, shares[1:]))
         assert r["tau_chain"] == pytest.approx(1 + sum(shares))
+        assert r["draft_step_ms"] > 0 and r["target_forward_ms"] > 0 and r["ratio"] > 0
     assert results[0]["acceptance"][0] > results[1]["acceptance"][0] + 0.2
 
 

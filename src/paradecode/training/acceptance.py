@@ -7,10 +7,16 @@ chain of length k would give (1 + the sum of those shares). This is what a head 
 the benchmark, without the decoding loop: the held-out estimate training prints is the same measure on the
 training data's own kind of answers, so the two side by side show how far the training data is from the
 benchmark.
+
+The cost side: ``draft_step_seconds`` times one draft step of a head as it drafts (one pair through the head
+with its own cache, then its draft logits; ``head_dtype`` int8 by default) against a one-token forward of the
+target, both at the same context length, interleaved, medians.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -46,8 +52,59 @@ def head_acceptance(model, model_dir: Path, folder: str | Path, rows: list[dict]
     return dict(kind=kind, head=str(folder), **result)
 
 
+@torch.inference_mode()
+def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int = 256, repeats: int = 30,
+                       head_dtype: str = "int8") -> dict:
+    """Median seconds of one draft step of the head in ``folder`` and of a one-token target forward, at
+    ``context`` tokens of context; and their ratio (what one drafted token costs in target forwards)."""
+    from paradecode.drafters.head_drafter import load_runtime
+    from paradecode.heads.eagle import EagleCache
+
+    target = target_weights(str(model_dir))
+    kind = load_head(folder, None, target).config["kind"]
+    runtime = load_runtime(str(Path(folder).resolve()), kind, str(Path(model_dir).resolve()), 0, head_dtype)
+    module, backend = runtime.module, model.backend
+    context = min(context, backend.max_length - 2)
+    ids = torch.randint(backend.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(0))
+    backend.reset()
+    out = backend.forward(ids[:context], logits=False, return_hidden=True,
+                          aux_layers=tuple(getattr(module, "aux_layers", ())))
+    features = out.aux if out.aux is not None else out.hidden  # [context, W]
+    head, cache = None, None
+    if kind != "medusa":
+        cache = EagleCache(module.shape, context + 2)
+        module(runtime.embed[ids[1 : context + 1]][None], module.fuse(features)[None], torch.arange(context)[None],
+               torch.ones(context, context, dtype=torch.bool).tril()[None], cache=cache)
+        head = module.fuse(features[-1:])[None]  # [1, 1, D]: a feature as the step feeds it
+
+    def step() -> None:
+        if kind == "medusa":
+            runtime.draft_logits(module(features[-1:].float())[:, 0])
+            return
+        cache.length = context
+        feature, _ = module(runtime.embed[ids[-1:]][None], head, torch.tensor([[context]]), None, cache=cache)
+        runtime.draft_logits(feature[0])
+
+    def forward() -> None:
+        backend.rollback(context)
+        backend.forward(ids[context:])
+
+    draft, full = [], []
+    for _ in range(repeats):
+        for work, times in ((step, draft), (forward, full)):
+            started = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - started)
+    backend.reset()
+    d, f = statistics.median(draft), statistics.median(full)
+    return dict(draft_step_ms=round(d * 1e3, 3), target_forward_ms=round(f * 1e3, 3), ratio=round(d / f, 3))
+
+
 def evaluate_heads(model, model_dir: Path, folders: Sequence[str], prompts: Sequence[list[int]],
                    max_new_tokens: int, depth: int, log: Callable[[str], None] = print) -> list[dict]:
     log(f"answering {len(prompts)} prompts with the target (greedy, {max_new_tokens} tokens)")
     rows = benchmark_rows(model, prompts, max_new_tokens)
-    return [head_acceptance(model, model_dir, folder, rows, depth) for folder in folders]
+    results = [head_acceptance(model, model_dir, folder, rows, depth) for folder in folders]
+    for result in results:
+        result.update(draft_step_seconds(model, model_dir, result["head"]))
+    return results

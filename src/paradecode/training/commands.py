@@ -233,10 +233,11 @@ def run_eval(args: argparse.Namespace) -> int:
     results = evaluate_heads(model, Path(model.model_dir), args.head, prompts, args.max_new_tokens, args.depth,
                              log=_log)
     print(f"teacher-forced chain acceptance on {len(questions)} questions' answers ({Path(path).name})")
-    print("head | kind | " + " | ".join(f"depth {k}" for k in range(1, args.depth + 1)) + " | tau (chain)")
+    print("head | kind | " + " | ".join(f"depth {k}" for k in range(1, args.depth + 1)) +
+          " | tau (chain) | draft step ms | target forward ms | ratio")
     for r in results:
         print(f"{r['head']} | {r['kind']} | " + " | ".join(f"{a:.3f}" for a in r["acceptance"]) +
-              f" | {r['tau_chain']:.2f}")
+              f" | {r['tau_chain']:.2f} | {r['draft_step_ms']:.2f} | {r['target_forward_ms']:.2f} | {r['ratio']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(questions=len(questions), results=results), indent=1) + "\n")
     return 0

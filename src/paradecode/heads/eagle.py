@@ -107,31 +107,42 @@ class EagleHead(nn.Module):
         """Predicted next features [B, T, D], and this call's keys/values [B, Hkv, T, hd] (for unrolled training).
         Keys are ``extra_kv`` (if any), then the cache, then the new pairs; ``mask`` covers them in that order."""
         s = self.shape
-        b, t, _ = embeds.shape
         x = self.fc(torch.cat((embeds, features), dim=-1))  # [B, T, D]
-        q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)
-        k = self.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
-        v = self.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
-        angles = positions[..., None].float() * self.inv_freq  # [B, T, hd/2]
-        cos, sin = torch.cat((angles, angles), -1).cos()[:, :, None], torch.cat((angles, angles), -1).sin()[:, :, None]
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)  # [B, T, H, hd]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, hd]
-        new_kv = (k, v)
-        if cache is not None:
-            start = cache.length
-            cache.keys[start : start + t] = k[0].transpose(0, 1)
-            cache.values[start : start + t] = v[0].transpose(0, 1)
-            cache.length = start + t
-            k = cache.keys[: cache.length].transpose(0, 1)[None]  # [1, Hkv, C + T, hd]
-            v = cache.values[: cache.length].transpose(0, 1)[None]
-        if extra_kv is not None:
-            k, v = torch.cat((extra_kv[0], k), dim=2), torch.cat((extra_kv[1], v), dim=2)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None] if mask is not None else None,
-                                              enable_gqa=True)  # [B, H, T, hd]
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, s.num_heads * s.head_dim))
+        attn, new_kv = attend(self, x, positions, mask, cache, extra_kv)  # [B, T, H * hd]
+        x = x + self.o_proj(attn)
         h = F.rms_norm(x, (s.hidden_size,), self.post_attention_layernorm.to(x.dtype), s.rms_norm_eps)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))  # [B, T, D]
         return x, new_kv
+
+
+def attend(head: nn.Module, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+           cache: EagleCache | None, extra_kv: tuple[torch.Tensor, torch.Tensor] | None
+           ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The head's attention over x [B, T, *] (its q/k/v projections, RoPE at ``positions``): the attended values
+    [B, T, H * hd] and this call's keys/values [B, Hkv, T, hd]. Keys are ``extra_kv`` (if any), then the cache
+    (appended to when given: drafting, B = 1), then the new pairs; ``mask`` covers them in that order."""
+    s = head.shape
+    b, t = x.shape[:2]
+    q = head.q_proj(x).view(b, t, s.num_heads, s.head_dim)
+    k = head.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
+    v = head.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
+    angles = positions[..., None].float() * head.inv_freq  # [B, T, hd/2]
+    cos, sin = torch.cat((angles, angles), -1).cos()[:, :, None], torch.cat((angles, angles), -1).sin()[:, :, None]
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)  # [B, T, H, hd]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, hd]
+    new_kv = (k, v)
+    if cache is not None:
+        start = cache.length
+        cache.keys[start : start + t] = k[0].transpose(0, 1)
+        cache.values[start : start + t] = v[0].transpose(0, 1)
+        cache.length = start + t
+        k = cache.keys[: cache.length].transpose(0, 1)[None]  # [1, Hkv, C + T, hd]
+        v = cache.values[: cache.length].transpose(0, 1)[None]
+    if extra_kv is not None:
+        k, v = torch.cat((extra_kv[0], k), dim=2), torch.cat((extra_kv[1], v), dim=2)
+    attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None] if mask is not None else None,
+                                          enable_gqa=True)  # [B, H, T, hd]
+    return attn.transpose(1, 2).reshape(b, t, s.num_heads * s.head_dim), new_kv
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

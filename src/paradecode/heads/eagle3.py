@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from paradecode.heads.eagle import EagleCache, HeadShape, _rope
+from paradecode.heads.eagle import EagleCache, HeadShape, attend
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -86,29 +86,11 @@ class Eagle3Head(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Output features [B, T, D] (before the final norm) and this call's keys/values, as ``EagleHead``."""
         s = self.shape
-        b, t, d = embeds.shape
+        d = embeds.shape[-1]
         g = features  # [B, T, D]
         x = torch.cat((F.rms_norm(embeds, (d,), self.input_layernorm.to(embeds.dtype), s.rms_norm_eps),
                        F.rms_norm(g, (d,), self.hidden_norm.to(g.dtype), s.rms_norm_eps)), dim=-1)  # [B, T, 2D]
-        q = self.q_proj(x).view(b, t, s.num_heads, s.head_dim)
-        k = self.k_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
-        v = self.v_proj(x).view(b, t, s.num_kv_heads, s.head_dim)
-        angles = positions[..., None].float() * self.inv_freq  # [B, T, hd/2]
-        cos, sin = torch.cat((angles, angles), -1).cos()[:, :, None], torch.cat((angles, angles), -1).sin()[:, :, None]
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)  # [B, T, H, hd]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, hd]
-        new_kv = (k, v)
-        if cache is not None:
-            start = cache.length
-            cache.keys[start : start + t] = k[0].transpose(0, 1)
-            cache.values[start : start + t] = v[0].transpose(0, 1)
-            cache.length = start + t
-            k = cache.keys[: cache.length].transpose(0, 1)[None]  # [1, Hkv, C + T, hd]
-            v = cache.values[: cache.length].transpose(0, 1)[None]
-        if extra_kv is not None:
-            k, v = torch.cat((extra_kv[0], k), dim=2), torch.cat((extra_kv[1], v), dim=2)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None] if mask is not None else None,
-                                              enable_gqa=True)  # [B, H, T, hd]
-        h = g + self.o_proj(attn.transpose(1, 2).reshape(b, t, s.num_heads * s.head_dim))
+        attn, new_kv = attend(self, x, positions, mask, cache, extra_kv)  # [B, T, H * hd]
+        h = g + self.o_proj(attn)
         n = F.rms_norm(h, (d,), self.post_attention_layernorm.to(h.dtype), s.rms_norm_eps)
         return h + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n)), new_kv

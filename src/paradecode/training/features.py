@@ -1,9 +1,8 @@
 """The target's features along stored answers, computed when a training batch needs them.
 
 Data shards may hold token ids only (``DistillConfig.hidden=False``): decoding the answers is the expensive,
-kept part; a feature pass over prompt + answer is one prefill-sized forward (the native int8 forward runs a
-256-token row block in ~0.1 s on two cores of the 135M model), cheaper than storing 20,000 answers' features
-(~6 GB for the last hidden state alone, three times that for EAGLE-3's three layers). Every row of the native
+kept part; a feature pass over prompt + answer is one prefill-sized forward, cheaper than storing 20,000
+answers' features (~6 GB for the last hidden state alone, three times that for EAGLE-3's three layers). Every row of the native
 forward is computed on its own, so a row's features are the ones decoding computed along it, to the bit.
 
     features = TargetFeatures(model_dir)
@@ -31,12 +30,12 @@ class TargetFeatures:
             from paradecode.api import load
 
             self.model = load(str(self.model_dir), backend="llama", dtype="int8", cache_dir=self.cache_dir)
-        backend = self.model.backend
+        from paradecode.engine import Features
+
+        backend, wanted = self.model.backend, Features(True, tuple(aux_layers))  # what a head drafting reads
         out = []
         for row in rows:
             backend.reset()
-            result = backend.forward(row["tokens"].long(), logits=False, **(
-                dict(aux_layers=tuple(aux_layers)) if aux_layers else dict(return_hidden=True)))
-            out.append((result.aux if aux_layers else result.hidden).clone())
+            out.append(wanted.read(backend.forward(row["tokens"].long(), logits=False, **wanted.arguments)).clone())
         backend.reset()
         return out

@@ -178,12 +178,12 @@ def answer_on_backend(model, prompts: list[list[int]], config: DistillConfig) ->
     for prompt, result in zip(prompts, results):
         tokens = prompt + result.token_ids
         row = dict(tokens=torch.tensor(tokens, dtype=torch.int32), prompt_len=len(prompt))
-        if config.hidden:
-            model.backend.reset()
-            hidden = model.backend.forward(torch.tensor(tokens), return_hidden=True, logits=False).hidden  # [T, D]
-            model.backend.reset()
-            row["hidden"] = hidden.to(torch.float16).clone()
         rows.append(row)
+    if config.hidden:  # [T, D] per row, as decoding computed them
+        from paradecode.training.features import TargetFeatures
+
+        for row, hidden in zip(rows, TargetFeatures(None, model=model)(rows)):
+            row["hidden"] = hidden.to(torch.float16)
     return rows
 
 

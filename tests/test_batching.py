@@ -2,6 +2,7 @@
 whatever shares its passes (mixed methods, lengths, sampling with a seed, a request joining or cancelled
 mid-batch); the passes really are shared; the cache budget is enforced and freed."""
 
+import json
 import threading
 import time
 
@@ -10,6 +11,7 @@ import torch
 
 import paradecode
 from paradecode.backends import native
+from paradecode.backends.base import Load
 from paradecode.backends.sequences import CacheFull
 from paradecode.errors import ParadecodeError
 from tiny import PROMPTS, WORDS, run, tiny_int8_backend, tiny_model_dir
@@ -218,3 +220,129 @@ def test_request_threads_run_torch_on_one_thread_and_a_released_team_keeps_the_s
     assert torch.get_num_threads() == before
     backend.reset()
     assert torch.equal(backend.forward(torch.arange(20) % 40).logits, expected)  # the forward runs on as before
+
+
+def test_each_sequence_sees_the_others_rows_and_tokens_per_pass(backend):
+    """``Sequence.load()``: the moving means of what the other running sequences put into a pass (rows scored,
+    tokens committed), what a cost schedule weighs its drafts against; nothing when alone or once they close."""
+    batcher = backend.batcher(8 << 20)
+    a, b = batcher.open(200), batcher.open(200)
+    assert a.load() == Load()  # nobody has sent a pass yet
+    steps = threading.Barrier(2)
+
+    def decode(sequence, rows, kept):
+        for _ in range(30):
+            steps.wait()
+            start = sequence.cache_len
+            sequence.forward(torch.tensor([5] * rows))
+            sequence.commit(start, list(range(kept)))
+
+    threads = [threading.Thread(target=decode, args=(a, 1, 1)), threading.Thread(target=decode, args=(b, 4, 3))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert a.load().rows == pytest.approx(4.0) and a.load().tokens == pytest.approx(3.0, rel=0.01)
+    assert b.load().rows == pytest.approx(1.0) and b.load().tokens == pytest.approx(1.0, rel=0.01)
+    b.close()
+    assert a.load() == Load()
+    a.close()
+
+
+def test_bench_batch_answers_exactly_as_one_at_a_time_and_times_the_batch(model, tmp_path, capsys, monkeypatch):
+    """``paradecode bench --batch N``: every answer (both turns) equals the one-at-a-time run's; each batch's wall
+    time is shared out by tokens, so the answers' times add up to it; the report says so."""
+    from paradecode.benchmark import commands
+    from paradecode.cli import main
+
+    monkeypatch.setattr(commands, "load_model", lambda args: model)
+    rows = [dict(question_id=i, category=("writing", "coding", "qa")[i % 3],
+                 turns=[" ".join(WORDS[3 + (i * 7 + j) % 40] for j in range(4 + i % 5)), "w5 w6 w7"])
+            for i in range(1, 8)]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = {}
+    for batch in (1, 4):
+        out = tmp_path / f"out{batch}"
+        code = main(["bench", "--no-progress", "--questions", str(questions), "--per-category", "all",
+                     "--turns", "all", "--max-new-tokens", "10", "--methods", "ar,pld,ngram", "--batch", str(batch),
+                     "--out", str(out)])
+        assert code == 0, capsys.readouterr().err
+        runs[batch] = json.loads((out / "results.json").read_text())
+    answers = lambda results: {(r["method"], r["question_id"]): [t["token_ids"] for t in r["turns"]]  # noqa: E731
+                               for r in results["records"]}
+    assert len(runs[4]["records"]) == 21 and answers(runs[4]) == answers(runs[1])
+    assert runs[4]["settings"]["batch"] == 4 and "batch" not in runs[1]["settings"]
+    batches = {}
+    for record in runs[4]["records"]:
+        for turn in record["turns"]:
+            info = turn["info"]
+            batches.setdefault((record["method"], info["batch_wall_time_s"]), []).append(turn)
+    sizes = sorted(len(turns) for turns in batches.values())
+    assert sizes == [3] * 6 + [4] * 6  # 7 questions: groups of 4 and 3, two turns each, three methods
+    for (method, wall), turns in batches.items():
+        assert sum(t["wall_time_s"] for t in turns) == pytest.approx(wall)
+        assert all(t["info"]["batch_size"] == len(turns) for t in turns)
+    assert "Batched: each method answered 4 questions at once" in (tmp_path / "out4" / "report.md").read_text()
+    assert runs[4]["lossless"]["pld"]["share"] == 1.0
+
+
+def test_bench_batch_is_for_paradecode_methods(tmp_path, capsys):
+    from paradecode.cli import main
+
+    for args, message in [(["--batch", "0"], "--batch must be a positive integer"),
+                          (["--batch", "2", "--methods", "ar,hf"], "paradecode methods only")]:
+        code = main(["bench", "--no-progress", "--out", str(tmp_path / "o"), *args])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_stopped_batcher_ends_its_thread_and_refuses_passes(backend):
+    """``Batcher.stop`` (run at exit for every batcher whose thread ran): the thread ends, with its OpenMP team,
+    before the process tears its libraries down; a later pass is a clear error, not a hang."""
+    from paradecode.backends import sequences
+
+    batcher = backend.batcher(8 << 20)
+    with batcher.open(64) as sequence:
+        sequence.forward(torch.arange(5) % 40)
+        thread = batcher._thread
+        assert thread.is_alive() and batcher in sequences._started
+        batcher.stop()
+        assert not thread.is_alive()
+        with pytest.raises(RuntimeError, match="stopped"):
+            sequence.forward(torch.arange(3) % 40)
+
+
+EXIT_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch
+from tiny import tiny_int8_backend
+backend = tiny_int8_backend(3, sharp=4.0)
+batcher = backend.batcher(8 << 20)
+import threading
+def work(i):
+    with batcher.open(64) as sequence:
+        for _ in range(4):
+            sequence.forward(torch.arange(3 + i) % 40)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("done")
+"""
+
+
+def test_a_process_that_batched_exits_cleanly(tmp_path):
+    """It aborted at exit now and then ("terminate called without an active exception", exit code 134) while the
+    batcher's daemon thread still held its OpenMP team; several runs, each must exit 0 with nothing on stderr
+    about it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT.format(tests=str(Path(__file__).parent)))
+    for _ in range(6):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-2000:]
+        assert "terminate called" not in run.stderr

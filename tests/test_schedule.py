@@ -4,8 +4,12 @@ The cost schedule times its own steps; these tests drive it with a fake clock, s
 """
 
 import pytest
+import torch
 
 import paradecode.drafters.schedule as schedule_module
+from paradecode.backends.base import Load
+from paradecode.config import SamplingConfig
+from paradecode.drafters.base import DecodeState
 from paradecode.drafters.schedule import (
     FIRST_PROBE,
     AcceptanceProfile,
@@ -186,3 +190,69 @@ def test_cost_schedule_cuts_a_scored_draft_where_tokens_per_second_peak():
     assert _primed(0.5, 1.0, 0.5, 0.0).best_prefix(chances) == 2  # a steeper cost curve keeps fewer
     assert make_schedule("fixed", 4, 16).best_prefix(chances) == 5  # other schedules keep what was drafted
     assert schedule.candidates() == 16  # the chances decide, up to the ceiling
+
+
+def _brute_force_under_load(rate: float, base: float, slope: float, draft: float, rows: float, tokens: float,
+                            positions: int = 16) -> int:
+    """The k that maximises the whole pass's tokens per second: the others' R rows and A tokens plus this request's."""
+    def speed(k):
+        return (tokens + 1 + sum(rate**j for j in range(1, k + 1))) / (base + slope * (rows + k) + draft * k)
+
+    return max(range(positions + 1), key=speed)
+
+
+@pytest.mark.parametrize("rows,tokens", [(0.0, 0.0), (3.0, 4.0), (15.0, 20.0), (40.0, 45.0)])
+@pytest.mark.parametrize("rate,slope", [(0.8, 0.05), (0.9, 0.02), (0.6, 0.1)])
+def test_cost_schedule_under_load_maximises_the_pass_tokens_per_second(rate, slope, rows, tokens):
+    """Its own steps ran in passes of R + 1 + k rows: the schedule recovers the one-row cost and prices the pass."""
+    load = Load(rows=rows, tokens=tokens)
+    schedule = CostSchedule(4, 16, load=lambda: load)
+    schedule.profile.tried = [1e6] * 16
+    schedule.profile.hits = [1e6 * rate] * 16
+    for own in range(1, 18):  # what the request measured: the shared pass's time at its own row counts
+        for _ in range(10):
+            schedule.curve.add(own, 1.0 + slope * (rows + own - 1))
+    schedule.draft_seconds = 0.0
+    assert schedule.best_length() == _brute_force_under_load(rate, 1.0, slope, 0.0, rows, tokens)
+
+
+def test_cost_schedule_drafts_less_as_the_pass_fills():
+    """A request that drafts 6+ tokens alone drafts fewer as others fill the pass, and none in a full one."""
+    lengths = []
+    for others in (0, 2, 8, 32, 128):
+        load = Load(rows=others * 1.5, tokens=others * 1.3)
+        schedule = _primed(0.75, 1.0, 0.04, 0.0)
+        schedule.load = lambda load=load: load
+        lengths.append(schedule.best_length())
+    assert lengths[0] >= 6 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
+    alone = _primed(0.75, 1.0, 0.04, 0.0)
+    alone.load = Load  # no others: the rule for a request alone, unchanged
+    assert alone.best_length() == _primed(0.75, 1.0, 0.04, 0.0).best_length() == lengths[0]
+
+
+def test_make_schedule_reads_the_load_from_the_decode_state():
+    state = DecodeState(tokens=[1], prompt_len=1, sampling=SamplingConfig(), rng=torch.Generator(), max_draft=8,
+                        load=lambda: Load(rows=100.0, tokens=90.0))
+    schedule = make_schedule("cost", 3, 12, state)
+    assert schedule.load().rows == 100.0
+    assert make_schedule("cost", 3, 12).load is None
+
+
+def test_cost_schedule_under_load_prices_the_pass_by_the_measured_shape():
+    """With a measured curve (relative cost by total rows), steps timed in shared passes of R + 1 + k rows give
+    the one-row cost back, and each k is priced at R + 1 + k rows of that curve."""
+    shape = {1: 1.0, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.4, 32: 4.2, 64: 7.8}
+    for rows, tokens in [(6.0, 7.0), (20.0, 26.0), (50.0, 60.0)]:
+        load = Load(rows=rows, tokens=tokens)
+        schedule = CostSchedule(4, 12, shape=shape, load=lambda load=load: load)
+        schedule.profile.tried = [1e6] * 12
+        schedule.profile.hits = [1e6 * 0.85] * 12
+        for own in range(1, 14):
+            for _ in range(10):
+                schedule.curve.add(own, 0.004 * schedule.curve.shape_at(rows + own))
+        schedule.draft_seconds = 0.0
+
+        def speed(k, rows=rows, tokens=tokens):
+            return (tokens + 1 + sum(0.85**j for j in range(1, k + 1))) / schedule.curve.shape_at(rows + 1 + k)
+
+        assert schedule.best_length() == max(range(13), key=speed)

@@ -267,11 +267,13 @@ class Model:
             return self._batcher or None
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int] | dict], *, max_batch: int = 16,
-                       progress=None, **kwargs) -> list[GenerationResult]:
+                       progress=None, return_errors: bool = False, **kwargs) -> list[GenerationResult]:
         """Decode many prompts at once: up to ``max_batch`` run together, their passes packed into shared forwards
         (``batcher``), each result exactly what ``generate`` gives it alone. A prompt may be a dict holding
         ``prompt`` and its own arguments (method, seed, ...), which override ``kwargs``. ``progress(done, total)``
-        is called as results come in. Falls back to one after another where the backend cannot batch."""
+        is called as results come in. Falls back to one after another where the backend cannot batch. A request
+        that fails with a ``ParadecodeError`` (a prompt too long for the context, a bad option) raises it, or with
+        ``return_errors`` takes the error's place in the list while the others run on."""
         if max_batch < 1:
             raise ParadecodeError(f"max_batch must be at least 1, got {max_batch}.")
         requests = [dict(kwargs, **p) if isinstance(p, dict) else dict(kwargs, prompt=p) for p in prompts]
@@ -282,9 +284,14 @@ class Model:
         batch = self.batcher() if max_batch > 1 and len(requests) > 1 else None
         done, lock = [0], threading.Lock()
 
-        def one(request: dict) -> GenerationResult:
+        def one(request: dict) -> GenerationResult | ParadecodeError:
             request = dict(request)
-            result = self.generate(request.pop("prompt"), batch=batch, **request)
+            try:
+                result = self.generate(request.pop("prompt"), batch=batch, **request)
+            except ParadecodeError as error:
+                if not return_errors:
+                    raise
+                result = error
             if progress is not None:
                 with lock:
                     done[0] += 1

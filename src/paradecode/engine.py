@@ -83,6 +83,7 @@ def decode(
         prompt_hidden=prompt_hidden,
         cost_curve=cost_curve,
         method_state=method_state,
+        load=getattr(backend, "load", None),  # shared passes (backends.sequences): the others' rows and tokens
     )
     drafter.begin(state)
     stats.prefill_time_s = time.perf_counter() - start

@@ -7,6 +7,10 @@ tail with ``rollback``).
 
 Masks are boolean, ``True`` = may attend. A forward over T new tokens with ``cache_len`` C takes a mask of shape
 ``[T, C + T]``; ``None`` means ordinary causal attention.
+
+A backend whose passes are shared with other requests (``backends.sequences.Sequence``) also has ``load()``:
+what the others put into each shared pass (``Load``), so a draft schedule can weigh its own rows against the
+whole pass (``drafters.schedule``). A backend without it runs alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ class ForwardOutput:
     logits: torch.Tensor | None  # [T, vocab] float32; None when the caller asked for none (a prefill)
     hidden: torch.Tensor | None = None  # [T, hidden] last hidden state (before the LM head), when asked
     aux: torch.Tensor | None = None  # [T, len(aux_layers) * hidden] the residual stream entering each aux layer
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the other requests sharing a backend's passes put into each pass, as moving means over their recent
+    passes: ``rows`` scored and ``tokens`` committed. ``Load()``: the request runs alone."""
+
+    rows: float = 0.0
+    tokens: float = 0.0
 
 
 class Backend(Protocol):

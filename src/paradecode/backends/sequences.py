@@ -15,6 +15,11 @@ greedy decoding and seeded sampling alike. Long prompts are prefilled in chunks 
 other sequences run, so a new request does not stall the ones decoding; a chunked prefill computes the same
 bits as one pass.
 
+Speculation under load: each sequence keeps moving means of the rows it puts into a pass and the tokens it
+commits per pass; ``Sequence.load()`` sums the other running sequences' (``backends.base.Load``), and a ``cost``
+draft schedule weighs its own draft rows against the whole pass with it (``drafters.schedule``): a request
+drafts less when the pass is full of others' rows, as much as alone when it is alone.
+
 Memory: the cache is ``pages`` pages of ``page`` slots. A sequence reserves every page it may need when it opens
 (prompt + answer budget + draft room), so a running request never runs out; a request that does not fit waits
 for pages (``open(wait=True)``) or is refused (``CacheFull``); one that needs more than the whole cache is an
@@ -23,19 +28,22 @@ error. Closing a sequence returns its pages at once.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import threading
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence as Seq
 
 import torch
 
-from paradecode.backends.base import ForwardOutput, SlotCache, check_aux_layers
+from paradecode.backends.base import ForwardOutput, Load, SlotCache, check_aux_layers
 from paradecode.errors import ParadecodeError
 
 DRAFT_ROOM = 64  # slots a sequence reserves beyond prompt + answer: a verify pass's drafts sit there for a moment
+LOAD_WEIGHT = 0.25  # weight of a sequence's newest pass in its moving means of rows and tokens per pass
 
 
 class CacheFull(ParadecodeError):
@@ -98,8 +106,9 @@ class Batcher:
         self._stack, self._cache = stack, cache  # the native forward and the cache tensors it writes
         self._cond = threading.Condition()
         self._pending: list[_Pass] = []
-        self._running: set[int] = set()  # ids of open sequences that have sent a pass (the ones a batch waits for)
+        self._running: dict[int, Sequence] = {}  # open sequences that have sent a pass (the ones a batch waits for)
         self._thread: threading.Thread | None = None  # runs the passes (started with the first one)
+        self._stopping = False  # set by ``stop``: the thread ends once no pass is pending
         self._open = 0
         # what /metrics and the benchmark report: passes run, rows and sequences per pass
         self.passes = 0
@@ -145,24 +154,32 @@ class Batcher:
     def _close(self, sequence: "Sequence") -> None:
         with self._cond:
             self.pool.give(sequence.pages)
-            self._running.discard(id(sequence))
+            self._running.pop(id(sequence), None)
             self._open -= 1
             self._cond.notify_all()  # waiting passes may now be the whole batch; waiting opens may fit
 
     def alone(self, sequence: "Sequence") -> bool:
         """Whether no other sequence is running (a lone prefill need not be chunked)."""
-        return not (self._running - {id(sequence)})
+        return not (self._running.keys() - {id(sequence)})
+
+    def load(self, sequence: "Sequence") -> Load:
+        """What the other running sequences put into each pass (their moving means), for ``Sequence.load``."""
+        others = [s for key, s in list(self._running.items()) if key != id(sequence)]
+        return Load(rows=sum(s.rows_per_pass for s in others), tokens=sum(s.tokens_per_pass for s in others))
 
     # -- passes ----------------------------------------------------------------------------------------
     def run(self, item: _Pass) -> _Pass:
         """Queue a pass and wait for its rows (the batcher's thread runs the batch)."""
         openmp_one_thread_here()
         with self._cond:
+            if self._stopping:
+                raise RuntimeError("this batcher is stopped (the process is exiting)")
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="paradecode-batcher", daemon=True)
                 self._thread.start()
+                _started.add(self)
             self._pending.append(item)
-            self._running.add(id(item.sequence))
+            self._running[id(item.sequence)] = item.sequence
             self._cond.notify_all()
         item.finished.wait()
         if item.error is not None:
@@ -180,6 +197,8 @@ class Batcher:
         with self._cond:
             while True:
                 while not self._ready():
+                    if self._stopping and not self._pending:
+                        return  # the thread's OpenMP team ends with it, before the process tears libraries down
                     if team and not self._pending and not self._open:
                         openmp_release_team()  # idle: the model's own forwards elsewhere get the cores' team
                         team = False
@@ -191,6 +210,17 @@ class Batcher:
                     self._forward(batch)
                 finally:
                     self._cond.acquire()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the batcher's thread once the pending passes have run (at exit: a daemon thread that still holds an
+        OpenMP team when the process tears its libraries down made it abort, now and then, with "terminate called
+        without an active exception"). Later passes raise."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def _ready(self) -> bool:
         if not self._pending:
@@ -249,6 +279,13 @@ class Batcher:
 
 
 _openmp_local = threading.local()
+_started: "weakref.WeakSet[Batcher]" = weakref.WeakSet()  # batchers whose thread ran: stopped at exit
+
+
+@atexit.register
+def _stop_batchers() -> None:
+    for batcher in list(_started):
+        batcher.stop()
 
 
 @functools.cache
@@ -301,6 +338,25 @@ class Sequence(SlotCache):
         self.vocab_size, self.num_layers, self.dtype = backend.vocab_size, backend.num_layers, backend.dtype
         self._len = 0
         self._closed = False
+        self.rows_per_pass = self.tokens_per_pass = 0.0  # moving means (``Batcher.load``)
+        self._committed = 0  # tokens committed since this sequence's last pass
+
+    def load(self) -> Load:
+        """What the other sequences sharing this one's passes put into each pass (``backends.base.Load``)."""
+        return self.batcher.load(self)
+
+    def commit(self, start: int, keep: Seq[int]) -> None:
+        super().commit(start, keep)
+        self._committed += len(keep)
+
+    def _count_pass(self, rows: int) -> None:
+        """Fold a pass of ``rows`` rows, and the tokens committed since the last one, into the moving means."""
+        if self.rows_per_pass == 0.0:
+            self.rows_per_pass, self.tokens_per_pass = float(rows), float(self._committed)
+        else:
+            self.rows_per_pass += LOAD_WEIGHT * (rows - self.rows_per_pass)
+            self.tokens_per_pass += LOAD_WEIGHT * (self._committed - self.tokens_per_pass)
+        self._committed = 0
 
     @property
     def kernels(self) -> str:
@@ -334,6 +390,7 @@ class Sequence(SlotCache):
         hidden, scores, aux, done = [], [], [], 0
         while done < t:  # a long causal pass (a prompt) in chunks, so that it does not stall the others
             size = t - done if mask is not None or self.batcher.alone(self) else self.batcher.prefill_chunk
+            self._count_pass(min(size, t - done))
             item = self.batcher.run(_Pass(self, ids[done : done + size], positions[done : done + size], mask,
                                           start + done, run_layers, logits, tuple(aux_layers)))
             hidden.append(item.hidden)

@@ -45,6 +45,11 @@ def add_commands(commands) -> None:
     bench.add_argument("--out", default="results", type=folder_to_write("--out"),
                        help="output folder (default: results)")
     bench.add_argument("--resume", action="store_true", help="continue the run logged in --out")
+    bench.add_argument("--batch", type=int, default=1, metavar="N",
+                       help="answer N questions at once per method (Model.generate_batch: their forward passes "
+                            "shared, each answer the one it gets alone); each answer's time is its share, by "
+                            "tokens, of its batch's wall time, so tokens/s is the batch's throughput. paradecode "
+                            "methods only (default: 1, one question at a time)")
     bench.add_argument("--warmup-tokens", type=int, default=8, help="tokens of the untimed warm-up (default: 8)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(run=run_bench)
@@ -59,6 +64,13 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ParadecodeError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}.")
     if args.warmup_tokens < 1:
         raise ParadecodeError(f"--warmup-tokens must be a positive integer, got {args.warmup_tokens}.")
+    if args.batch < 1:
+        raise ParadecodeError(f"--batch must be a positive integer, got {args.batch}.")
+    peers = [s.name for s in specs if s.peer]
+    if args.batch > 1 and peers:
+        raise ParadecodeError(f"--batch {args.batch} runs paradecode methods only; {', '.join(peers)} answer one "
+                              "question at a time: bench them in a run without --batch, or compare serving under "
+                              "load with benchmarks/serve_compare.py (llama-server --parallel).")
     path = Path(args.questions) if args.questions else qs.default_questions_path()
     if path is None:
         raise ParadecodeError(f"no questions file: pass --questions FILE.jsonl (Spec-Bench format; the shipped "
@@ -69,6 +81,8 @@ def run_bench(args: argparse.Namespace) -> int:
     turns = 1 if args.turns == "first" else max(len(q.turns) for q in selected)
     settings = dict(model=args.model, backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens, turns=args.turns,
                     draft_model=args.draft_model, options={s.name: s.options for s in specs if s.options})
+    if args.batch > 1:  # (absent at 1, so runs logged before --batch existed still resume)
+        settings["batch"] = args.batch
     variants = {s.name: s.method for s in specs if s.name != s.method}
     if variants:
         settings["variants"] = variants  # label -> method it runs
@@ -108,7 +122,7 @@ def run_bench(args: argparse.Namespace) -> int:
         context.update(methods=[c.name for c in contenders], total=len(selected) * len(contenders))
         records = runner.run_all(contenders, selected, turns=turns, max_new_tokens=args.max_new_tokens,
                                  out_dir=out_dir, done=logged(), warmup_tokens=args.warmup_tokens,
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, batch=args.batch)
     except BaseException as error:  # Ctrl-C (or a failure) mid-run: leave a valid partial results.json + report
         records = logged()
         if isinstance(error, KeyboardInterrupt) or records:

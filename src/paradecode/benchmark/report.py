@@ -52,6 +52,10 @@ def render_report(results: dict) -> str:
         "counted); accept@i: share of steps drafting ≥ i tokens that accepted ≥ i.",
         "",
     ]
+    if settings.get("batch", 1) > 1:
+        lines += [f"Batched: each method answered {settings['batch']} questions at once (`--batch`, one shared "
+                  "forward pass per step); an answer's wall time is its share, by tokens, of its batch's, so tok/s "
+                  "is the batch's throughput, not one request's speed.", ""]
     variants, options = settings.get("variants") or {}, settings.get("options") or {}
     dtypes = settings.get("variant_dtypes") or {}
     described = [f"`{m}`" + (f" = `{variants[m]}`" if m in variants else "")

@@ -144,15 +144,36 @@ class Contender:
                         info=run.info)
         result = self.model.generate(prompt_ids, method=self.method, max_new_tokens=max_new_tokens,
                                      options=dict(self.options))
+        return _turn(prompt_ids, result, time.perf_counter() - start)
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, batch: int) -> list[dict | ParadecodeError]:
+        """Every prompt's turn, decoded together (``Model.generate_batch``, up to ``batch`` at once; each answer is
+        the one it gets alone). The batch's wall time is shared out by tokens: each turn's ``wall_time_s`` is the
+        batch's times its share of the batch's new tokens, so the turns' tokens over their times is the batch's
+        throughput; ``info`` holds the batch's size and wall time. A prompt that fails gets its error instead."""
+        start = time.perf_counter()
+        results = self.model.generate_batch([dict(prompt=ids) for ids in prompts], max_batch=batch,
+                                            return_errors=True, method=self.method, max_new_tokens=max_new_tokens,
+                                            options=dict(self.options))
         wall = time.perf_counter() - start
-        stats = result.stats
-        return dict(prompt_tokens=len(prompt_ids), token_ids=result.token_ids, new_tokens=len(result.token_ids),
-                    text=result.text, wall_time_s=wall, forward_passes=stats.forward_passes,
-                    draft_forward_passes=stats.draft_forward_passes,
-                    draft_lengths=[draft_depth(s.drafted, s.parents) for s in stats.steps],
-                    accepted_lengths=[s.accepted_len for s in stats.steps],
-                    accepted_per_step=stats.accepted_per_step, stop_reason=stats.stop_reason,
-                    stats=stats.to_dict(with_steps=False), info=None)
+        done = [r for r in results if not isinstance(r, ParadecodeError)]
+        tokens = sum(len(r.token_ids) for r in done)
+        info = dict(batch_size=len(prompts), batch_wall_time_s=wall)
+        return [r if isinstance(r, ParadecodeError) else
+                _turn(ids, r, wall * (len(r.token_ids) / tokens if tokens else 1 / len(done)), dict(info))
+                for ids, r in zip(prompts, results)]
+
+
+def _turn(prompt_ids: list[int], result: Any, wall: float, info: dict | None = None) -> dict:
+    """A turn's record from a paradecode ``GenerationResult`` and its wall time."""
+    stats = result.stats
+    return dict(prompt_tokens=len(prompt_ids), token_ids=result.token_ids, new_tokens=len(result.token_ids),
+                text=result.text, wall_time_s=wall, forward_passes=stats.forward_passes,
+                draft_forward_passes=stats.draft_forward_passes,
+                draft_lengths=[draft_depth(s.drafted, s.parents) for s in stats.steps],
+                accepted_lengths=[s.accepted_len for s in stats.steps],
+                accepted_per_step=stats.accepted_per_step, stop_reason=stats.stop_reason,
+                stats=stats.to_dict(with_steps=False), info=info)
 
 
 def contenders(specs: list[MethodSpec], model: Any, load: Callable[[str], Any], draft_model: str | None
@@ -200,10 +221,14 @@ def build_prompt(model: Any, user_turns: list[str], answers: list[str]) -> list[
     return model.encode_chat(messages)
 
 
+def new_record(contender: Contender, question: Question) -> dict:
+    return dict(method=contender.name, question_id=question.question_id, category=question.category, turns=[],
+                error=None)
+
+
 def run_question(contender: Contender, question: Question, turns: int, max_new_tokens: int) -> dict:
     """One (method, question) record: its first ``turns`` turns, each answered in the context of the last."""
-    record = dict(method=contender.name, question_id=question.question_id, category=question.category,
-                  turns=[], error=None)
+    record = new_record(contender, question)
     answers: list[str] = []
     try:
         for user_turns in (list(question.turns[: i + 1]) for i in range(min(turns, len(question.turns)))):
@@ -214,6 +239,34 @@ def run_question(contender: Contender, question: Question, turns: int, max_new_t
         record["error"] = str(error)
     record["tstamp"] = time.time()
     return record
+
+
+def run_questions_batched(contender: Contender, questions: list[Question], turns: int, max_new_tokens: int,
+                          batch: int) -> list[dict]:
+    """The (method, question) records of ``questions`` answered together: each turn of every question in one
+    batch (``Contender.generate_batch``), each next turn in the context of the question's own last answer."""
+    records = [new_record(contender, q) for q in questions]
+    answers: list[list[str]] = [[] for _ in questions]
+    for turn in range(turns):
+        live = [i for i, q in enumerate(questions) if turn < len(q.turns) and records[i]["error"] is None]
+        if not live:
+            break
+        prompts = []
+        for i in list(live):
+            try:
+                prompts.append(build_prompt(contender.model, list(questions[i].turns[: turn + 1]), answers[i]))
+            except ParadecodeError as error:
+                records[i]["error"] = str(error)
+                live.remove(i)
+        for i, out in zip(live, contender.generate_batch(prompts, max_new_tokens, batch) if live else []):
+            if isinstance(out, ParadecodeError):  # e.g. a prompt longer than the context: recorded, the run goes on
+                records[i]["error"] = str(out)
+            else:
+                records[i]["turns"].append(out)
+                answers[i].append(out["text"])
+    for record in records:
+        record["tstamp"] = time.time()
+    return records
 
 
 def read_records(out_dir: Path) -> list[dict]:
@@ -265,10 +318,12 @@ def run_all(
     done: list[dict],
     warmup_tokens: int = 8,
     progress: bool = True,
+    batch: int = 1,
 ) -> list[dict]:
     """Warm up every method, then run the (question, method) pairs not in ``done``, interleaved per question,
-    questions in ``round_robin`` order (one of each category per round). Returns every record, old and new;
-    a KeyboardInterrupt propagates after the finished ones are logged."""
+    questions in ``round_robin`` order (one of each category per round). With ``batch`` > 1, the questions go in
+    groups of ``batch`` in that order, each method answering a group's questions together (paradecode methods
+    only). Returns every record, old and new; a KeyboardInterrupt propagates after the finished ones are logged."""
     records = list(done)
     finished = {(r["method"], r["question_id"]) for r in done}
     todo = [(q, c) for q in round_robin(questions) for c in contenders if (c.name, q.question_id) not in finished]
@@ -282,7 +337,7 @@ def run_all(
                 contender.generate(warm_prompt, warmup_tokens)  # untimed: first-call costs stay out of the figures
             except ParadecodeError:
                 pass  # the same error will be recorded with the question it concerns
-        run_todo(todo, turns, max_new_tokens, out_dir, records, progress)
+        run_todo(todo, turns, max_new_tokens, out_dir, records, progress, batch)
     finally:
         for contender in contenders:
             contender.close()  # e.g. ends llama.cpp's child process
@@ -290,19 +345,46 @@ def run_all(
 
 
 def run_todo(todo: list[tuple[Question, Contender]], turns: int, max_new_tokens: int, out_dir: Path,
-             records: list[dict], progress: bool) -> None:
-    """Run and log each (question, method) pair in order, appending its record to ``records``."""
+             records: list[dict], progress: bool, batch: int = 1) -> None:
+    """Run and log each (question, method) pair in order (or, with ``batch`` > 1, each method's share of each
+    group of ``batch`` questions together), appending the records to ``records``."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), file=sys.stderr, unit="run", disable=not progress, dynamic_ncols=True)
     try:
         with (out_dir / RECORDS).open("a", encoding="utf-8") as log:
-            for question, contender in todo:
-                bar.set_postfix_str(f"{contender.name} q{question.question_id}", refresh=False)
-                record = run_question(contender, question, turns, max_new_tokens)
-                log.write(json.dumps(record) + "\n")
+            for contender, questions in _groups(todo, batch):
+                bar.set_postfix_str(f"{contender.name} q{questions[0].question_id}"
+                                    + (f" +{len(questions) - 1}" if len(questions) > 1 else ""), refresh=False)
+                if batch > 1:
+                    done = run_questions_batched(contender, questions, turns, max_new_tokens, batch)
+                else:
+                    done = [run_question(contender, questions[0], turns, max_new_tokens)]
+                for record in done:
+                    log.write(json.dumps(record) + "\n")
                 log.flush()
-                records.append(record)
-                bar.update(1)
+                records.extend(done)
+                bar.update(len(done))
     finally:
         bar.close()
+
+
+def _groups(todo: list[tuple[Question, Contender]], batch: int) -> Iterable[tuple[Contender, list[Question]]]:
+    """(method, questions) to run together, in ``todo``'s order: each pair alone, or with ``batch`` > 1 the
+    questions of each run of ``batch`` questions that one method still has to answer."""
+    if batch <= 1:
+        yield from ((contender, [question]) for question, contender in todo)
+        return
+    order: list[str] = []  # question ids in todo's order
+    questions: dict[str, Question] = {}
+    pending: dict[str, list[Contender]] = {}
+    for question, contender in todo:
+        if question.question_id not in questions:
+            order.append(question.question_id)
+            questions[question.question_id] = question
+        pending.setdefault(question.question_id, []).append(contender)
+    for start in range(0, len(order), batch):
+        group = order[start : start + batch]
+        contenders = list(dict.fromkeys(c for qid in group for c in pending[qid]))
+        for contender in contenders:
+            yield contender, [questions[qid] for qid in group if contender in pending[qid]]

@@ -59,6 +59,9 @@ class DecodeState:
     # What drafters keep across requests on the loaded model, per (method, options) (``Model.method_state``);
     # None: nothing outlives the request.
     method_state: dict[tuple[str, Any], dict] | None = None
+    # What the other requests sharing the target's passes put into each pass (``Backend.load``, a callable
+    # returning ``backends.base.Load``); None: the request runs alone. The ``cost`` schedule drafts less under load.
+    load: Callable[[], Any] | None = None
 
     @property
     def output_len(self) -> int:

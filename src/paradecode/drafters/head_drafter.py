@@ -154,8 +154,7 @@ class HeadDrafter(ScheduledDrafter):
         self.draft_forward_passes = 0
 
     def begin(self, state: DecodeState) -> None:
-        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth,
-                                      state.cost_curve)
+        self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth, state)
         self.scheduled = False
         self.cutting = False
         self.calibration = Calibration()

@@ -17,6 +17,18 @@
                steps and twice as long a wait after each probe that does not change the choice, lets the
                acceptance estimate recover at a cost that shrinks over time.
 
+               Under load (the request shares its passes with others: ``DecodeState.load``, from
+               ``backends.sequences``) the same rule is applied to the whole pass: with the others putting
+               R rows into each pass and committing A tokens from it,
+
+                   k* = argmax_k  (A + 1 + E[accepted(k)]) / (pass(R + 1 + k) + k * draft_per_token)
+
+               where pass(T) is the one-row step time scaled by the measured relative cost at T rows (without
+               a measured curve: the fit of the request's own steps, which ran in passes under that load). A draft
+               row is worth its place when what it adds to the pass's tokens beats what it adds to the pass's
+               time: alone (R = A = 0) this is the rule above; in a full pass, where each extra row costs the
+               others' time too, it drafts less or not at all.
+
 A drafter with a ``schedule`` option derives from ``ScheduledDrafter``, which builds the schedule for each
 request (``new_schedule``) and asks the model for its measured cost curve when the schedule is ``cost``.
 It calls ``length()`` at the start of ``propose``, ``proposed(n)`` once it has drafted n tokens, and
@@ -32,6 +44,9 @@ from __future__ import annotations
 import itertools
 import time
 
+from typing import Callable
+
+from paradecode.backends.base import Load
 from paradecode.drafters.base import DecodeState, Drafter
 from paradecode.errors import ParadecodeError
 
@@ -193,7 +208,7 @@ class CostCurve:
             predicted.append((n * mean + self.PRIOR_WEIGHT * line) / (n + self.PRIOR_WEIGHT))
         return predicted
 
-    def shape_at(self, tokens: int) -> float:
+    def shape_at(self, tokens: float) -> float:
         """The measured relative cost at T, linear between measured sizes and along the last segment beyond."""
         sizes = list(self.shape)
         if tokens in self.shape:
@@ -229,8 +244,9 @@ class CostCurve:
 
 class CostSchedule(DraftSchedule):
     def __init__(self, num_draft: int, max_num_draft: int, shape: dict[int, float] | None = None,
-                 curve: CostCurve | None = None) -> None:
+                 curve: CostCurve | None = None, load: Callable[[], Load] | None = None) -> None:
         super().__init__(num_draft, max_num_draft)
+        self.load = load  # what the requests sharing this one's passes put into each (None: it runs alone)
         self.profile = AcceptanceProfile(max_num_draft)
         self.curve = curve if curve is not None else CostCurve(shape)  # shared where DecodeState.step_cost is
         self.draft_seconds: float | None = None  # running mean time per drafted token
@@ -269,10 +285,21 @@ class CostSchedule(DraftSchedule):
         return k if self.curve.empty else self._probe(k)
 
     def _best(self, expected: list[float]) -> int:
-        """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second."""
+        """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second; under load, the
+        whole pass's tokens per second (see the module's docstring)."""
         draft = self.draft_seconds or 0.0
-        verify = self.curve.predictions(len(expected))  # verify[k]: a step scoring 1 + k tokens
-        scores = [(1 + e) / (verify[k] + draft * k) for k, e in enumerate(expected)]
+        load = self.load() if self.load is not None else Load()
+        if load.rows > 0:
+            if self.curve.shape:  # the measured cost of a pass by its total rows; this request's own steps ran
+                at = self.curve.shape_at  # in passes of R + 1 + drafted rows, so its fit at one row is pass(R + 1)
+                one_row = self.curve.predictions(1)[0] / at(load.rows + 1)
+                passes = [one_row * at(load.rows + 1 + k) for k in range(len(expected))]
+            else:  # no measured shape: the fit of this request's own steps, timed in passes under the same load
+                passes = self.curve.predictions(len(expected))
+            scores = [(load.tokens + 1 + e) / (passes[k] + draft * k) for k, e in enumerate(expected)]
+        else:
+            verify = self.curve.predictions(len(expected))  # verify[k]: a step scoring 1 + k tokens
+            scores = [(1 + e) / (verify[k] + draft * k) for k, e in enumerate(expected)]
         return max(range(len(scores)), key=scores.__getitem__)
 
     def _probe(self, k: int) -> int:
@@ -311,12 +338,14 @@ class CostSchedule(DraftSchedule):
 _KINDS = {"fixed": DraftSchedule, "heuristic": HeuristicSchedule, "cost": CostSchedule}
 
 
-def make_schedule(kind: str, num_draft: int, max_num_draft: int,
-                  cost_curve: dict[int, float] | None = None, step_cost: CostCurve | None = None) -> DraftSchedule:
-    """A schedule; ``cost`` starts from the target's measured cost curve when given (``DecodeState.cost_curve``),
-    and fits its step times into ``step_cost`` where one is shared (``DecodeState.step_cost``)."""
+def make_schedule(kind: str, num_draft: int, max_num_draft: int, state: DecodeState | None = None) -> DraftSchedule:
+    """A schedule for the request starting with ``state``; ``cost`` starts from the target's measured cost curve
+    when given (``DecodeState.cost_curve``), fits its step times into ``DecodeState.step_cost`` where one is shared,
+    and weighs its drafts against the whole pass where the request shares its passes (``DecodeState.load``)."""
     if kind == "cost":
-        return CostSchedule(num_draft, max_num_draft, cost_curve, step_cost)
+        if state is None:
+            return CostSchedule(num_draft, max_num_draft)
+        return CostSchedule(num_draft, max_num_draft, state.cost_curve, state.step_cost, state.load)
     return _KINDS[kind](num_draft, max_num_draft)
 
 
@@ -330,4 +359,4 @@ class ScheduledDrafter(Drafter):
     def new_schedule(self, state: DecodeState) -> DraftSchedule:
         """The schedule for the request starting with ``state``."""
         o = self.options
-        return make_schedule(o.schedule, o.num_draft, o.max_num_draft, state.cost_curve, state.step_cost)
+        return make_schedule(o.schedule, o.num_draft, o.max_num_draft, state)

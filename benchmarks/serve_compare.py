@@ -110,6 +110,11 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {clients} | {name} | {r['requests']} | {r['requests_per_s']:.2f} | {tps} "
                              f"| {r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} "
                              f"| {r['latency_p50_s']:.2f} / {r['latency_p95_s']:.2f} | {r['incomplete']} | {mism} |")
+    for name, run in result["servers"].items():
+        batches = [server_load.format_batch(r["clients"], r["batch"])
+                   for r in (run["report"]["levels"] if run.get("report") else []) if r.get("batch")]
+        if batches:
+            lines += ["", f"{name}, shared forward passes (its /metrics):", *(f"- {b}" for b in batches)]
     failed = {n: r["error"] for n, r in result["servers"].items() if r.get("error")}
     lines += [f"\n{n} failed: {e}" for n, e in failed.items()]
     return "\n".join(lines) + "\n"

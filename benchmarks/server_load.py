@@ -24,6 +24,9 @@ JSON with every level. Generated tokens come from the ``usage`` the server sends
 (``stream_options: {include_usage: true}``; both paradecode serve and llama-server send it); where a response
 has none, its streamed chunks with text are counted instead and the table says so (``tokens_from``).
 The ``paradecode`` request field (``extra_body``) is sent only with ``--method``, so plain OpenAI servers work.
+Where the server's ``/metrics`` has paradecode's shared-pass histograms, each level also records how its passes
+were filled (``batch``: passes, mean rows and requests per pass, passes by rows), read as the difference of the
+histograms before and after the level.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import statistics
 import sys
 import time
 
+import httpx
 import openai
 
 QUESTIONS = [
@@ -115,6 +119,60 @@ async def run_level(client, args, clients: int, expected: dict[str, str]) -> dic
                 mismatched_prompts=sorted(set(mismatched)))
 
 
+BATCH_METRICS = ("paradecode_batch_rows", "paradecode_batch_sequences")  # histograms of each shared forward pass
+
+
+async def batch_histograms(url: str) -> dict | None:
+    """{metric: {"le" bounds as str: cumulative count, "sum": total}} of the shared-pass histograms in the server's
+    /metrics, or None where it has none (another server, or one that does not batch)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.get(f"{url}/metrics")
+        if response.status_code != 200:
+            return None
+        found = {}
+        for family in text_string_to_metric_families(response.text):
+            if family.name in BATCH_METRICS:
+                values = found.setdefault(family.name, {})
+                for sample in family.samples:
+                    if sample.name.endswith("_bucket"):
+                        values[sample.labels["le"]] = sample.value
+                    elif sample.name.endswith("_sum"):
+                        values["sum"] = sample.value
+        return found or None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def batch_report(before: dict | None, after: dict | None) -> dict | None:
+    """How a level's shared passes were filled, from the histograms before and after it."""
+    if not before or not after or set(before) != set(after):
+        return None
+    delta = {m: {k: after[m].get(k, 0.0) - before[m].get(k, 0.0) for k in after[m]} for m in after}
+    rows, sequences = delta["paradecode_batch_rows"], delta["paradecode_batch_sequences"]
+    passes = rows.get("+Inf", 0.0)
+    if not passes:
+        return None
+    bounds = sorted((float(k), v) for k, v in rows.items() if k not in ("sum", "+Inf"))
+    by_rows, below, low = {}, 0.0, 0
+    for bound, cumulative in bounds:
+        if cumulative - below:
+            by_rows[f"{low + 1}-{int(bound)}" if int(bound) > low + 1 else str(int(bound))] = int(cumulative - below)
+        below, low = cumulative, int(bound)
+    if passes - below:
+        by_rows[f">{low}"] = int(passes - below)
+    return dict(passes=int(passes), rows_per_pass=rows["sum"] / passes, requests_per_pass=sequences["sum"] / passes,
+                passes_by_rows=by_rows)
+
+
+def format_batch(clients: int, batch: dict) -> str:
+    spread = ", ".join(f"{rows}: {n}" for rows, n in batch["passes_by_rows"].items())
+    return (f"{clients} clients: {batch['passes']} shared passes, {batch['rows_per_pass']:.1f} rows and "
+            f"{batch['requests_per_pass']:.1f} requests per pass; passes by rows: {spread}")
+
+
 async def run(args) -> dict:
     """All levels of ``args.clients`` against ``args.url``; returns the report (``levels``: one dict each)."""
     levels = args.clients if isinstance(args.clients, list) else parse_clients(args.clients)
@@ -138,7 +196,9 @@ async def run(args) -> dict:
                 await one_request(client, args, QUESTIONS[k % len(QUESTIONS)])
         rows = []
         for clients in levels:
+            before = await batch_histograms(args.url)
             rows.append(await run_level(client, args, clients, expected))
+            rows[-1]["batch"] = batch_report(before, await batch_histograms(args.url))
             if not args.quiet:
                 r = rows[-1]
                 print(f"[server_load] {clients} clients: {r['requests']} requests in {r['wall_s']:.1f} s",
@@ -167,6 +227,9 @@ def format_table(report: dict) -> str:
         lines.append("\n(chunks): the server sent no `usage`; generated tokens counted as streamed chunks with text")
     if not report["verified"]:
         lines.append("\nmismatched: not checked (no --verify)")
+    batches = [format_batch(r["clients"], r["batch"]) for r in report["levels"] if r.get("batch")]
+    if batches:
+        lines += ["", "Shared forward passes (the server's /metrics):", *(f"- {b}" for b in batches)]
     return "\n".join(lines)
 
 

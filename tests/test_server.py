@@ -222,10 +222,18 @@ def test_concurrent_requests_share_passes_and_each_equals_its_solo_run(chat_dir)
         async_client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
         return await asyncio.wait_for(asyncio.gather(*(one(async_client, i) for i in range(len(cases)))), 120)
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import server_load  # the load test reads the same histograms per level
+
     with serving(model, method="pld", max_batch=16) as base:
+        before = asyncio.run(server_load.batch_histograms(base))
         assert asyncio.run(load()) == expected
         shared = metric(base, "paradecode_batch_sequences_sum") / metric(base, "paradecode_batch_sequences_count")
         assert shared > 1.5, "the requests' passes were not shared"
+        level = server_load.batch_report(before, asyncio.run(server_load.batch_histograms(base)))
+        assert level["passes"] == metric(base, "paradecode_batch_rows_count") - before["paradecode_batch_rows"]["+Inf"]
+        assert sum(level["passes_by_rows"].values()) == level["passes"] and level["requests_per_pass"] > 1.5
+        assert level["rows_per_pass"] >= level["requests_per_pass"]
         assert metric(base, "paradecode_cache_used_slots") == 0 and metric(base, "paradecode_cache_slots") > 0
         assert metric(base, "paradecode_queue_wait_seconds_count") == len(cases)
 

@@ -456,3 +456,30 @@ def test_auto_is_the_default_method_of_the_api_the_cli_and_the_server():
     arguments.add_decoding_arguments(parser)
     assert parser.parse_args([]).method == "auto"
     assert decoding_method(None, ServerDefaults(model_name="m"))[0] == "auto"
+
+
+def test_concurrent_requests_of_one_process_keep_the_file_without_a_warning(tmp_path):
+    """Batched requests each end by writing the kept file; each writes its own temporary file (a shared one was
+    renamed away under another thread: "could not keep measurements ... No such file or directory")."""
+    import threading
+    import warnings
+
+    from paradecode.kept import KeptFile
+
+    kept = KeptFile(tmp_path / "kept" / "auto-x.json", {"model": "m"})
+    start = threading.Barrier(8)
+
+    def write(i):
+        start.wait()
+        for j in range(40):
+            kept.write({"i": i, "j": j})
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not caught and not kept._warned and kept.read()["j"] == 39
+    assert list((tmp_path / "kept").iterdir()) == [tmp_path / "kept" / "auto-x.json"]  # no temporary left behind

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +59,9 @@ class KeptFile:
         return kept["payload"]
 
     def write(self, payload: dict[str, Any]) -> None:
-        """Replace the file with ``payload`` (written whole to a temporary file, then renamed over it)."""
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        """Replace the file with ``payload`` (written whole to a temporary file of this thread's, then renamed over
+        it: concurrent requests of one process, batched, each end by writing it)."""
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temporary.write_text(json.dumps(dict(version=VERSION, identity=self.identity, payload=payload),

@@ -244,6 +244,10 @@ def test_each_sequence_sees_the_others_rows_and_tokens_per_pass(backend):
         thread.join(60)
     assert a.load().rows == pytest.approx(4.0) and a.load().tokens == pytest.approx(3.0, rel=0.01)
     assert b.load().rows == pytest.approx(1.0) and b.load().tokens == pytest.approx(1.0, rel=0.01)
+    with batcher.open(200) as c:  # a prompt passes once (no logits): it does not count, but c is about to decode
+        c.forward(torch.arange(60) % 40, logits=False)
+        assert c.rows_per_pass == 0.0
+        assert a.load().rows == pytest.approx(4.0 + 1.0) and a.load().tokens == pytest.approx(3.0 + 1.0, rel=0.01)
     b.close()
     assert a.load() == Load()
     a.close()

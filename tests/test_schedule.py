@@ -256,3 +256,15 @@ def test_cost_schedule_under_load_prices_the_pass_by_the_measured_shape():
             return (tokens + 1 + sum(0.85**j for j in range(1, k + 1))) / schedule.curve.shape_at(rows + 1 + k)
 
         assert schedule.best_length() == max(range(13), key=speed)
+
+
+def test_under_load_the_measured_shape_decides_before_any_step_is_timed():
+    """A request's first step in a full pass: with a measured curve the shape alone decides (a full-length first
+    draft would slow every request in the pass); alone, or without a curve, the first step drafts ``num_draft``."""
+    shape = {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.3, 16: 4.5}
+    full = CostSchedule(8, 16, shape=shape, load=lambda: Load(rows=15.0, tokens=15.0))
+    assert full.curve.empty and full.length() == 0
+    assert CostSchedule(8, 16, shape=shape, load=Load).length() == 8  # alone: the base schedule's first draft
+    assert CostSchedule(8, 16, load=lambda: Load(rows=15.0, tokens=15.0)).length() == 8  # nothing measured
+    light = CostSchedule(8, 16, shape=shape, load=lambda: Load(rows=1.0, tokens=1.0))
+    assert light.best_prefix([0.95, 0.9, 0.85]) == 3  # a sure draft in a light pass still pays

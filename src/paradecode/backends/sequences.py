@@ -15,8 +15,8 @@ greedy decoding and seeded sampling alike. Long prompts are prefilled in chunks 
 other sequences run, so a new request does not stall the ones decoding; a chunked prefill computes the same
 bits as one pass.
 
-Speculation under load: each sequence keeps moving means of the rows it puts into a pass and the tokens it
-commits per pass; ``Sequence.load()`` sums the other running sequences' (``backends.base.Load``), and a ``cost``
+Speculation under load: each sequence keeps moving means of the rows it puts into a decode step's pass and the
+tokens it commits per step (a prompt's chunks do not count: they pass once); ``Sequence.load()`` sums the other running sequences' (``backends.base.Load``), and a ``cost``
 draft schedule weighs its own draft rows against the whole pass with it (``drafters.schedule``): a request
 drafts less when the pass is full of others' rows, as much as alone when it is alone.
 
@@ -163,9 +163,12 @@ class Batcher:
         return not (self._running.keys() - {id(sequence)})
 
     def load(self, sequence: "Sequence") -> Load:
-        """What the other running sequences put into each pass (their moving means), for ``Sequence.load``."""
+        """What the other running sequences put into each pass (their moving means), for ``Sequence.load``. Each
+        counts at least one row and one token: a decode step scores one and commits one, and a sequence that has
+        only passed its prompt so far is about to."""
         others = [s for key, s in list(self._running.items()) if key != id(sequence)]
-        return Load(rows=sum(s.rows_per_pass for s in others), tokens=sum(s.tokens_per_pass for s in others))
+        return Load(rows=sum(max(s.rows_per_pass, 1.0) for s in others),
+                    tokens=sum(max(s.tokens_per_pass, 1.0) for s in others))
 
     # -- passes ----------------------------------------------------------------------------------------
     def run(self, item: _Pass) -> _Pass:
@@ -390,7 +393,8 @@ class Sequence(SlotCache):
         hidden, scores, aux, done = [], [], [], 0
         while done < t:  # a long causal pass (a prompt) in chunks, so that it does not stall the others
             size = t - done if mask is not None or self.batcher.alone(self) else self.batcher.prefill_chunk
-            self._count_pass(min(size, t - done))
+            if logits:  # a decode step's pass; a prompt's chunks pass once and would swell the rows for long after
+                self._count_pass(min(size, t - done))
             item = self.batcher.run(_Pass(self, ids[done : done + size], positions[done : done + size], mask,
                                           start + done, run_layers, logits, tuple(aux_layers)))
             hidden.append(item.hidden)

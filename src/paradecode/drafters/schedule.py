@@ -273,13 +273,18 @@ class CostSchedule(DraftSchedule):
         return self.num_draft if self.curve.empty else self.max_num_draft
 
     def planned(self, chances: list[float] | None = None) -> int:
-        """Without a timed step yet, the base schedule's answer; then the length that maximises tokens per
-        second (no probe of an idle schedule: ``length`` and ``best_prefix`` add that)."""
-        if self.curve.empty:
+        """Without a timed step yet, the base schedule's answer (under load with a measured curve, its shape
+        decides already: a first step's full-length draft would cost every request in the pass); then the
+        length that maximises tokens per second (no probe of an idle schedule: ``length`` and ``best_prefix``
+        add that)."""
+        if self.curve.empty and not (self.curve.shape and self._load().rows > 0):
             return super().planned(chances)
         if chances is None:
             return self.best_length()
         return self._best([0.0, *itertools.accumulate(chances)])
+
+    def _load(self) -> Load:
+        return self.load() if self.load is not None else Load()
 
     def _probed(self, k: int) -> int:
         return k if self.curve.empty else self._probe(k)
@@ -288,11 +293,14 @@ class CostSchedule(DraftSchedule):
         """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second; under load, the
         whole pass's tokens per second (see the module's docstring)."""
         draft = self.draft_seconds or 0.0
-        load = self.load() if self.load is not None else Load()
+        load = self._load()
         if load.rows > 0:
             if self.curve.shape:  # the measured cost of a pass by its total rows; this request's own steps ran
                 at = self.curve.shape_at  # in passes of R + 1 + drafted rows, so its fit at one row is pass(R + 1)
-                one_row = self.curve.predictions(1)[0] / at(load.rows + 1)
+                if self.curve.empty:  # no step timed yet: the shape alone (drafting taken as free)
+                    one_row, draft = 1.0, 0.0
+                else:
+                    one_row = self.curve.predictions(1)[0] / at(load.rows + 1)
                 passes = [one_row * at(load.rows + 1 + k) for k in range(len(expected))]
             else:  # no measured shape: the fit of this request's own steps, timed in passes under the same load
                 passes = self.curve.predictions(len(expected))

@@ -484,30 +484,3 @@ def test_concurrent_requests_of_one_process_keep_the_file_without_a_warning(tmp_
     assert not caught and not kept._warned and kept.read()["j"] == 39
     assert list((tmp_path / "kept").iterdir()) == [tmp_path / "kept" / "auto-x.json"]  # no temporary left behind
 
-
-def test_under_load_a_step_and_a_peek_count_the_tokens_the_others_commit_from_the_pass(monkeypatch):
-    """Sharing passes, an arm is judged by the whole pass's tokens per second: its own step and a scored peek each
-    add the others' tokens per pass (``DecodeState.load``), so an arm whose extra rows slow the pass more than its
-    own tokens add loses to plain decoding."""
-    from paradecode.backends.base import Load
-
-    load = lambda: Load(rows=20.0, tokens=18.0)  # noqa: E731
-    drafter = started({"candidates": "ar,pld"}, {})
-    for _ in range(10):
-        drafter.curve.add(1, 0.020)
-        drafter.curve.add(3, 0.026)
-    drafter.peeks = [auto_module._Peek("pld", 3, Proposal(tokens=[7, 8]), seconds=0.0)]
-    ticks = iter([0.0, 0.0, 0.020])
-    monkeypatch.setattr(auto_module.time, "perf_counter", lambda: next(ticks))
-    monkeypatch.setattr(drafter, "_choose", lambda: ("ar", "best"))
-    drafter.probing = False
-    state = DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
-                        max_draft=8, load=load)
-    drafter.propose(state)
-    state.tokens += [7, 9]  # ar committed one token, 7; then 9: pld's peek [7, 8] had one token right, plus the bonus
-    drafter.observe(state, Verdict([], [], next_token=7, bonus=False, committed_tokens=[7]))
-    ar, pld = drafter.arms["ar"].estimate, drafter.arms["pld"].estimate
-    assert ar.discounted_tokens == pytest.approx(1 + 18) and drafter.arms["ar"].tokens == 1  # reported: its own
-    assert pld.discounted_tokens == pytest.approx(2 + 18)
-    # per request pld looks faster (2 tokens in 26 ms against 1 in 20), for the pass ar is (19 / 20 ms > 20 / 26 ms)
-    assert 2 / 0.026 > 1 / 0.020 and ar.rate > pld.rate

@@ -36,10 +36,6 @@ requests, since the estimates carry over) is long because one step's time is noi
 the estimates jittered past each other and ``auto`` spread its steps over arms up to 20% slower (Spec-Bench,
 26 questions: 0.91x of ``ngram`` against 0.94x with 0.995).
 The warm-up is the larger cost on short requests (one step of each arm that cannot be peeked at).
-Under load (the request shares its passes with others: ``DecodeState.load``) a step counts the tokens the others
-commit from the same pass as well (A; the request's own are its tokens): an arm is then judged by the whole
-pass's tokens per second, (A + tokens) / seconds, as the cost schedule judges a draft's length, so an arm whose
-extra rows slow everyone's pass more than its tokens add loses to plain decoding in a full batch.
 Plain decoding wins ties: a drafting arm is chosen only when its rate beats ``ar``'s by ``margin`` (3%), so
 where no drafter pays, noise in the estimates does not keep ``auto`` drafting at a loss; likewise an arm that
 cannot be peeked at (its estimate rests on fewer, noisier steps) must beat the peekable ones by the margin.
@@ -306,7 +302,7 @@ class AutoDrafter(Drafter):
     def _score_peeks(self, state: DecodeState, costs: list[float]) -> None:
         """Each peek the text has decided counts for its arm as a step: its tokens, and the time of its
         drafting plus ``costs[T - 1]``, the fitted time of a step verifying its T rows."""
-        waiting, others = [], _others_tokens(state)
+        waiting = []
         for peek in self.peeks:
             accepted = _accepted(peek, state.tokens[peek.at : peek.at + len(peek.tokens)])
             if accepted is None:
@@ -315,7 +311,7 @@ class AutoDrafter(Drafter):
             arm = self.arms[peek.arm]
             arm.peeks += 1
             arm.drafter.peeked(peek.proposal, accepted)
-            _add(arm.estimate, accepted + 1 + others, peek.seconds + costs[len(peek.tokens)] + arm.estimate.excess)
+            _add(arm.estimate, accepted + 1, peek.seconds + costs[len(peek.tokens)] + arm.estimate.excess)
         self.peeks = waiting
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
@@ -335,7 +331,7 @@ class AutoDrafter(Drafter):
         chosen.seconds += seconds
         estimate = chosen.estimate
         estimate.fastest = min(estimate.fastest, seconds)
-        _add(estimate, tokens + _others_tokens(state), min(seconds, OUTLIER * estimate.fastest))
+        _add(estimate, tokens, min(seconds, OUTLIER * estimate.fastest))
         verify = seconds - self.draft_seconds  # the verify pass and bookkeeping
         self.curve.add(self.rows, max(verify, 1e-6))
         # one fit prices this step and every pending peek
@@ -403,11 +399,6 @@ def _peekable(cls: type[Drafter]) -> bool:
     changes ``propose`` alone is measured on its own steps only)."""
     owner = lambda attr: next(c for c in cls.__mro__ if attr in vars(c))  # noqa: E731
     return owner("peek") is not Drafter and owner("peek") is owner("propose")
-
-
-def _others_tokens(state: DecodeState) -> float:
-    """Tokens the requests sharing this one's passes commit per pass (0 alone): a step's share of the pass."""
-    return state.load().tokens if state.load is not None else 0.0
 
 
 def _add(estimate: _Estimate, tokens: float, seconds: float) -> None:

@@ -280,3 +280,28 @@ def test_a_build_that_never_ends_is_given_up_with_a_warning(monkeypatch, tmp_pat
     with pytest.warns(UserWarning, match="took more than 1 s"):
         backend = int8_backend(1, "narrow")
     assert not backend.available_kernels() and "-native-" not in backend.kernels
+
+
+# wide enough that the projections and the LM head are split over threads in several pieces (137.5 blocks of 16
+# columns in gate_up, a partial last one; 63 in the LM head)
+BROAD = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=1100)
+
+
+@pytest.mark.parametrize("kernels", ["own", "mixed"])
+def test_a_pass_gives_the_same_bits_on_one_thread_or_several(kernels):
+    """The GEMMs hand column blocks to whichever thread is free (``parallel_blocks``): the thread count, and which
+    thread takes which block, must not change a bit (the tests otherwise run on one thread: conftest)."""
+    backend = Int8LlamaBackend.from_hf(shaped_llama(3, BROAD, 1000), calibration=CALIBRATION)
+    use_kernels(backend, kernels)
+    outputs = []
+    try:
+        for threads in (1, 2, 3, 2):
+            torch.set_num_threads(threads)
+            for rows in (1, 5, 70):
+                backend.reset()
+                outputs.append((threads, rows, backend.forward(tokens(rows, rows)).logits))
+    finally:
+        torch.set_num_threads(1)
+    first = {rows: logits for threads, rows, logits in outputs if threads == 1}
+    for threads, rows, logits in outputs:
+        assert torch.equal(logits, first[rows]), (threads, rows)

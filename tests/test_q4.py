@@ -222,3 +222,24 @@ def test_the_shipped_gguf_blocks_are_the_converted_checkpoints_weights():
         assert torch.equal(layers[i]["o"].dequantize(), state[prefix + "self_attn.o_proj.weight"])
         assert torch.equal(layers[i]["gate_up"].dequantize(), gate_up)
         assert torch.equal(layers[i]["down"].dequantize(), state[prefix + "mlp.down_proj.weight"])
+
+
+def test_a_q4_pass_gives_the_same_bits_on_one_thread_or_several():
+    """The 4-bit GEMMs hand column blocks to whichever thread is free: the thread count must not change a bit."""
+    model = shaped_llama(4, dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                 intermediate_size=1056), 1000)
+    int8 = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION, native=False).export_state()
+    backend = Q4LlamaBackend(LlamaBackend.from_hf(model).shape, model.state_dict(), layers=q4_layers(model),
+                             int8_state=int8)
+    outputs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for rows in (1, 6, 70):
+                backend.reset()
+                outputs.append((threads, rows, backend.forward(tokens(rows, rows)).logits))
+    finally:
+        torch.set_num_threads(1)
+    first = {rows: logits for threads, rows, logits in outputs if threads == 1}
+    for threads, rows, logits in outputs:
+        assert torch.equal(logits, first[rows]), (threads, rows)

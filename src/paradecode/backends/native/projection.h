@@ -9,7 +9,9 @@
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -49,6 +51,30 @@ constexpr int64_t kVerifyRows = 16;
 constexpr int64_t kDequantizeGrain = 1 << 15;  // outputs per thread's share of a dequantization, at least
 constexpr int kBuckets = 3;
 inline int bucket_of(int64_t t) { return t == 1 ? 0 : t <= kVerifyRows ? 1 : 2; }
+
+// Column blocks [0, n) over every thread, taken from a shared counter in shrinking pieces (half of what is left
+// over the threads, at least `tile` blocks, a multiple of it) rather than split in equal halves up front: a thread
+// the OS pauses (on 2 cores: the server's own Python threads, or any other process) leaves its blocks to the
+// others instead of holding the whole pass up at the end of each projection. Whichever thread computes a block
+// computes all of it with the same code, so the bits do not change.
+template <typename F>
+inline void parallel_blocks(int64_t n, int64_t tile, const F& body) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + tile - 1) / tile);
+  if (threads <= 1 || at::in_parallel_region()) return body(0, n);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    int64_t start = next.load(std::memory_order_relaxed), take;
+    for (;;) {
+      do {
+        const int64_t left = n - start;
+        if (left <= 0) return;
+        take = std::min(left, std::max<int64_t>(tile, (left / (2 * threads) + tile - 1) / tile * tile));
+      } while (!next.compare_exchange_weak(start, start + take, std::memory_order_relaxed));
+      body(start, start + take);
+      start = next.load(std::memory_order_relaxed);
+    }
+  });
+}
 
 // Reusable buffers of one forward (one backend runs one forward at a time).
 struct Workspace {
@@ -145,9 +171,9 @@ struct Projection {
       const PackedQ4 w = q4_weights();
       const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group};
       float* y = ws.y.data();
-      at::parallel_for(0, w.blocks, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<float> spill(kMaxTileRows * kBlockCols);
-        q4_gemm(w, x, rows, y, n, b0, b1, spill.data());
+      parallel_blocks(w.blocks, std::max(kQ4TileBlocks, kQ4OneRowBlocks), [&](int64_t b0, int64_t b1) {
+        float spill[kMaxTileRows * kBlockCols];
+        q4_gemm(w, x, rows, y, n, b0, b1, spill);
       });
     } else if (kernel == kFbgemm && packed) {
       at::Tensor qf = at::empty({rows, k}, at::kFloat);
@@ -168,9 +194,9 @@ struct Projection {
       const int32_t* rowsum = ws.rowsum.data();
       float* y = ws.y.data();
       const int64_t stride = row_bytes();
-      at::parallel_for(0, w.blocks, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<float> spill(kMaxTileRows * kBlockCols);
-        int8_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill.data());
+      parallel_blocks(w.blocks, std::max(kOneRowBlocks, kTileBlocks), [&](int64_t b0, int64_t b1) {
+        float spill[kMaxTileRows * kBlockCols];
+        int8_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
       });
     }
   }

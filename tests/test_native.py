@@ -14,7 +14,8 @@ from paradecode.backends import native
 from paradecode.backends.base import tree_depths, tree_mask
 from paradecode.backends.int8_llama import BUCKETS, PAGE, Int8LlamaBackend
 from paradecode.profile import measure_stages
-from tiny import TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes, one_by_one, run, tiny_model_dir
+from tiny import (TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes,
+                  assert_same_bits_on_any_thread_count, one_by_one, run, tiny_model_dir)
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
@@ -293,15 +294,4 @@ def test_a_pass_gives_the_same_bits_on_one_thread_or_several(kernels):
     thread takes which block, must not change a bit (the tests otherwise run on one thread: conftest)."""
     backend = Int8LlamaBackend.from_hf(shaped_llama(3, BROAD, 1000), calibration=CALIBRATION)
     use_kernels(backend, kernels)
-    outputs = []
-    try:
-        for threads in (1, 2, 3, 2):
-            torch.set_num_threads(threads)
-            for rows in (1, 5, 70):
-                backend.reset()
-                outputs.append((threads, rows, backend.forward(tokens(rows, rows)).logits))
-    finally:
-        torch.set_num_threads(1)
-    first = {rows: logits for threads, rows, logits in outputs if threads == 1}
-    for threads, rows, logits in outputs:
-        assert torch.equal(logits, first[rows]), (threads, rows)
+    assert_same_bits_on_any_thread_count(backend, [tokens(rows, rows) for rows in (1, 5, 70)])

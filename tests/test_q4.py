@@ -17,7 +17,8 @@ from paradecode.backends.llama import LlamaBackend
 from paradecode.backends.q4_llama import Q4LlamaBackend
 from paradecode.backends.sequences import Batcher
 from paradecode.errors import ParadecodeError
-from tiny import TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes, run
+from tiny import (TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes,
+                  assert_same_bits_on_any_thread_count, run)
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
@@ -231,15 +232,4 @@ def test_a_q4_pass_gives_the_same_bits_on_one_thread_or_several():
     int8 = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION, native=False).export_state()
     backend = Q4LlamaBackend(LlamaBackend.from_hf(model).shape, model.state_dict(), layers=q4_layers(model),
                              int8_state=int8)
-    outputs = []
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            for rows in (1, 6, 70):
-                backend.reset()
-                outputs.append((threads, rows, backend.forward(tokens(rows, rows)).logits))
-    finally:
-        torch.set_num_threads(1)
-    first = {rows: logits for threads, rows, logits in outputs if threads == 1}
-    for threads, rows, logits in outputs:
-        assert torch.equal(logits, first[rows]), (threads, rows)
+    assert_same_bits_on_any_thread_count(backend, [tokens(rows, rows) for rows in (1, 6, 70)])

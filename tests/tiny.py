@@ -178,3 +178,20 @@ def assert_rows_equal_one_token_passes(backend, prompt: torch.Tensor, chain: tor
     for node, path in [(3, [0, 1, 3]), (4, [0, 2, 4]), (6, [5, 6])]:
         backend.rollback(len(prompt))
         assert torch.equal(tree[node], one_by_one(backend, chain[path])[-1]), node
+
+
+def assert_same_bits_on_any_thread_count(backend, passes: list[torch.Tensor], threads=(1, 2, 3, 2)) -> None:
+    """Each pass (token ids, run from an empty cache) gives the same logits on every thread count: the native
+    GEMMs hand column blocks to whichever thread is free. The tests otherwise run on one thread (conftest)."""
+    outputs = []
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            for i, ids in enumerate(passes):
+                backend.reset()
+                outputs.append((count, i, backend.forward(ids).logits))
+    finally:
+        torch.set_num_threads(1)
+    first = {i: logits for count, i, logits in outputs if count == threads[0]}
+    for count, i, logits in outputs:
+        assert torch.equal(logits, first[i]), f"pass {i} on {count} threads differs from {threads[0]} thread(s)"

@@ -267,7 +267,8 @@ class Model:
             return self._batcher or None
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int] | dict], *, max_batch: int = 16,
-                       progress=None, return_errors: bool = False, **kwargs) -> list[GenerationResult]:
+                       progress=None, return_errors: bool = False,
+                       **kwargs) -> list[GenerationResult | ParadecodeError]:
         """Decode many prompts at once: up to ``max_batch`` run together, their passes packed into shared forwards
         (``batcher``), each result exactly what ``generate`` gives it alone. A prompt may be a dict holding
         ``prompt`` and its own arguments (method, seed, ...), which override ``kwargs``. ``progress(done, total)``

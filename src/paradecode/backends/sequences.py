@@ -16,9 +16,10 @@ other sequences run, so a new request does not stall the ones decoding; a chunke
 bits as one pass.
 
 Speculation under load: each sequence keeps moving means of the rows it puts into a decode step's pass and the
-tokens it commits per step (a prompt's chunks do not count: they pass once); ``Sequence.load()`` sums the other running sequences' (``backends.base.Load``), and a ``cost``
-draft schedule weighs its own draft rows against the whole pass with it (``drafters.schedule``): a request
-drafts less when the pass is full of others' rows, as much as alone when it is alone.
+tokens it commits per step (a prompt's chunks do not count: they pass once); ``Sequence.load()`` sums the other
+running sequences' (``backends.base.Load``), and a ``cost`` draft schedule weighs its own draft rows against the
+whole pass with it (``drafters.schedule``): a request drafts less when the pass is full of others' rows, as much
+as alone when it is alone.
 
 Memory: the cache is ``pages`` pages of ``page`` slots. A sequence reserves every page it may need when it opens
 (prompt + answer budget + draft room), so a running request never runs out; a request that does not fit waits

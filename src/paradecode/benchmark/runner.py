@@ -251,14 +251,14 @@ def run_questions_batched(contender: Contender, questions: list[Question], turns
         live = [i for i, q in enumerate(questions) if turn < len(q.turns) and records[i]["error"] is None]
         if not live:
             break
-        prompts = []
-        for i in list(live):
+        prompts: dict[int, list[int]] = {}  # question index -> this turn's prompt
+        for i in live:
             try:
-                prompts.append(build_prompt(contender.model, list(questions[i].turns[: turn + 1]), answers[i]))
+                prompts[i] = build_prompt(contender.model, list(questions[i].turns[: turn + 1]), answers[i])
             except ParadecodeError as error:
                 records[i]["error"] = str(error)
-                live.remove(i)
-        for i, out in zip(live, contender.generate_batch(prompts, max_new_tokens, batch) if live else []):
+        outs = contender.generate_batch(list(prompts.values()), max_new_tokens, batch) if prompts else []
+        for i, out in zip(prompts, outs):
             if isinstance(out, ParadecodeError):  # e.g. a prompt longer than the context: recorded, the run goes on
                 records[i]["error"] = str(out)
             else:
@@ -375,9 +375,9 @@ def _groups(todo: list[tuple[Question, Contender]], batch: int) -> Iterable[tupl
     if batch <= 1:
         yield from ((contender, [question]) for question, contender in todo)
         return
-    order: list[str] = []  # question ids in todo's order
-    questions: dict[str, Question] = {}
-    pending: dict[str, list[Contender]] = {}
+    order: list[int | str] = []  # question ids in todo's order
+    questions: dict[int | str, Question] = {}
+    pending: dict[int | str, list[Contender]] = {}
     for question, contender in todo:
         if question.question_id not in questions:
             order.append(question.question_id)

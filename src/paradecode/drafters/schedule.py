@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import itertools
 import time
-
 from typing import Callable
 
 from paradecode.backends.base import Load

@@ -92,10 +92,11 @@ def test_api_stream_chunks_and_json_carry_the_logprobs(model_dir, capsys, tmp_pa
     assert "--json" in capsys.readouterr().err
 
 
-def test_server_logprobs_chat_and_completions_streamed_and_not(model_dir, tmp_path):
+@pytest.mark.parametrize("interval", [0.0, 30.0])  # a chunk per step; the steps after the first merged in one
+def test_server_logprobs_chat_and_completions_streamed_and_not(model_dir, tmp_path, interval):
     model = paradecode.load(model_dir, dtype="int8", cache_dir=tmp_path)
     reference = paradecode.load(model_dir, dtype="int8", cache_dir=tmp_path)
-    with serving(model, method="pld", max_new_tokens=16) as url:
+    with serving(model, method="pld", max_new_tokens=16, stream_interval_s=interval) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
         expected = reference.generate(PROMPT, method="pld", max_new_tokens=16, chat=False, logprobs=True,
                                       top_logprobs=3).logprobs
@@ -107,6 +108,7 @@ def test_server_logprobs_chat_and_completions_streamed_and_not(model_dir, tmp_pa
         assert completion.text_offset == [len(reference.decode(ids[:i])) for i in range(len(ids))]
         chunks = list(client.completions.create(model="tiny", prompt=PROMPT, logprobs=3, stream=True))
         streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        assert len(streamed) == (2 if interval else len(chunks) - 1)  # every chunk but the closing one
         assert [v for s in streamed for v in s.token_logprobs] == completion.token_logprobs
         assert [v for s in streamed for v in s.text_offset] == completion.text_offset
 

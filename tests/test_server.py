@@ -54,9 +54,10 @@ def reference(chat_dir):
 
 @contextlib.contextmanager
 def serving(model, **defaults):
-    """Run the app in a background thread on a free loopback port; yields the base URL."""
+    """Run the app in a background thread on a free loopback port; yields the base URL. Streams send a chunk per
+    step unless ``stream_interval_s`` says otherwise."""
     listener = bind("127.0.0.1", 0)
-    app = create_app(model, ServerDefaults(**{"model_name": "tiny", **defaults}))
+    app = create_app(model, ServerDefaults(**{"model_name": "tiny", "stream_interval_s": 0.0, **defaults}))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs=dict(sockets=[listener]), daemon=True)
     thread.start()
@@ -119,6 +120,28 @@ def test_greedy_answers_equal_generate(url, reference, method):
     pieces = [c.choices[0].text for c in openai_client.completions.create(
         model="tiny", prompt=PROMPT, stream=True, extra_body=extra)]
     assert "".join(pieces) == expected_text.text
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])  # one request at a time; int8: through the batcher
+def test_a_stream_merges_the_steps_within_its_interval(chat_dir, reference, tmp_path, dtype):
+    """The first text goes out at once; later steps that commit within ``stream_interval_s`` of the last chunk
+    go out merged, here (an interval longer than the answer) as one chunk at the end. Text and usage as ever."""
+    expected = reference.generate(CHAT, method="ngram", max_new_tokens=24)
+    assert expected.stats.forward_passes > 2  # steps enough to merge
+    model = paradecode.load(chat_dir, dtype=dtype, cache_dir=tmp_path)
+    if dtype == "int8":
+        expected = model.generate(CHAT, method="ngram", max_new_tokens=24)
+    with serving(model, method="ngram", max_new_tokens=24, stream_interval_s=30.0) as base:
+        started = time.monotonic()
+        chunks = list(client(base).chat.completions.create(model="tiny", messages=CHAT, stream=True,
+                                                           stream_options={"include_usage": True}))
+        assert time.monotonic() - started < 20  # the end of the answer does not wait for the interval
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert len(deltas) == 2 and "".join(deltas) == expected.text
+        assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+        pieces = [c.choices[0].text for c in client(base).completions.create(
+            model="tiny", prompt=PROMPT, stream=True, max_tokens=24) if c.choices[0].text]
+        assert len(pieces) == 2
 
 
 def test_token_prompt_stop_length_and_seeded_sampling(url, reference):
@@ -410,6 +433,9 @@ def test_serve_command_errors(capsys, chat_dir, monkeypatch):
         assert "in use" in capsys.readouterr().err
     assert cli.main(["serve", "--model", chat_dir, "--method", "nope"]) == 2
     assert "unknown method" in capsys.readouterr().err
+    for interval in ("-1", "nan", "11"):
+        assert cli.main(["serve", "--model", chat_dir, "--stream-interval", interval]) == 2
+        assert "--stream-interval must be between 0 and 10 seconds" in capsys.readouterr().err
     real_find_spec = __import__("importlib").util.find_spec
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None if name == "uvicorn" else real_find_spec(name))
     assert cli.main(["serve", "--model", chat_dir]) == 2

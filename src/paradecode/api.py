@@ -59,6 +59,11 @@ class Chunk:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
 
+    def __add__(self, later: "Chunk") -> "Chunk":
+        """This chunk and the next one as one (a server sends a stream's steps merged)."""
+        logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
+        return Chunk(self.text + later.text, self.token_ids + later.token_ids, logprobs)
+
 
 def load(
     model: str = DEFAULT_MODEL,

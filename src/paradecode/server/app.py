@@ -61,7 +61,8 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.worker = Worker(metrics, defaults.max_waiting, defaults.max_batch, batched=batch is not None)
+        app.state.worker = Worker(metrics, defaults.max_waiting, defaults.max_batch, batched=batch is not None,
+                                  stream_interval_s=defaults.stream_interval_s)
         yield
         app.state.worker.close()
 
@@ -154,7 +155,7 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
                     openmp_release_team()  # starting may have run torch work here (a cost curve measured once)
             return streams
 
-        job = Job(start, method, asyncio.get_running_loop())
+        job = Job(start, method, asyncio.get_running_loop(), stream=bool(body.stream))
         try:
             app.state.worker.submit(job)
         except Busy as error:

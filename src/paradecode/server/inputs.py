@@ -43,6 +43,7 @@ class ServerDefaults:
     max_batch: int = 32  # most choices decoding at once, their passes packed into shared forwards (1: one at a time)
     max_batch_rows: int = 256  # most rows (tokens) of one shared forward pass
     cache_mb: int = 1024  # the cache the running requests share; a request that does not fit waits for room
+    stream_interval_s: float = 0.05  # a stream's steps that commit within this of its last chunk go out merged
 
 
 class RequestError(ParadecodeError):

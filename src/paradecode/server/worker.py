@@ -51,8 +51,7 @@ class Event:
 class Job:
     """One generation request, shared by the handler (event loop) and the worker thread."""
 
-    def __init__(self, start: Callable[[], Any], method: str, loop: asyncio.AbstractEventLoop,
-                 stream: bool = True) -> None:
+    def __init__(self, start: Callable[[], Any], method: str, loop: asyncio.AbstractEventLoop, stream: bool) -> None:
         self.start = start  # runs in the worker: () -> [TextStream per choice]; raises ParadecodeError for bad input
         self.method = method
         self.stream = stream  # whether the handler sends text as it comes ("delta" events); else only results
@@ -98,8 +97,8 @@ class Worker:
     """The dispatcher thread and the choices' threads; ``submit`` queues a job, ``close`` stops after cancelling
     the running ones."""
 
-    def __init__(self, metrics: Metrics, max_waiting: int, max_running: int = 1, batched: bool = False,
-                 stream_interval_s: float = 0.0) -> None:
+    def __init__(self, metrics: Metrics, max_waiting: int, max_running: int, batched: bool,
+                 stream_interval_s: float) -> None:
         self.metrics = metrics
         self.stream_interval_s = stream_interval_s  # see _run_choice
         self.max_waiting = max_waiting

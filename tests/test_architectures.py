@@ -1,9 +1,11 @@
-"""The Llama forward runs Llama (with Llama-3 rope scaling), Mistral, Qwen2 and Qwen3 checkpoints: fp32 logits
-agree with transformers, the native int8 forward gives every row what its one-token pass gives (prefill, chain and
+"""The Llama forward runs Llama (with Llama-3 rope scaling), Mistral, Qwen2, Qwen3 and Gemma-3 checkpoints: fp32
+logits agree with transformers, the native int8 forward gives every row what its one-token pass gives (prefill, chain and
 tree), and every method equals ``ar`` on it. Each architecture is a tiny random model built here, loaded from a
 saved Hugging Face folder."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,10 +23,14 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**TINY, rope_parameters=LLAMA3_ROPE),
-    "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=256),
+    # windows shorter than the tests' sequences, so that they bind
+    "mistral": lambda: transformers.MistralConfig(**TINY, sliding_window=16),
     "qwen2": lambda: transformers.Qwen2Config(**TINY),
     # Qwen3's head_dim is its own (here 32 with 4 heads over a hidden size of 64, as Qwen3-0.6B's 128 x 16 > 1024)
     "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=32),
+    # a sliding layer (its own RoPE base) then a full one; a score scale other than head_dim^-0.5
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+                                                         layer_types=["sliding_attention", "full_attention"]),
 }
 CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
 
@@ -34,7 +40,7 @@ def tiny_model(architecture: str, seed: int = 0):
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS[architecture]()).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(("bias", "q_norm.weight", "k_norm.weight")):  # not the zeros / ones they start as
+            if name.endswith(("bias", "norm.weight")):  # not the zeros / ones they start as
                 param.normal_(0.0, 0.5)
         model.lm_head.weight.mul_(4.0)  # sharp logits: greedy choices that do not hinge on a last bit
     return model
@@ -61,9 +67,15 @@ def test_the_shape_reads_each_architecture(saved):
     shape = LlamaShape.from_config(model.config.to_dict())
     assert shape.architecture == architecture
     assert shape.attention_bias == (architecture == "qwen2") and not shape.o_bias
-    assert shape.qk_norm == (architecture == "qwen3")
-    assert shape.head_dim == (32 if architecture == "qwen3" else 16)
+    assert shape.qk_norm == (architecture in ("qwen3", "gemma3_text"))
+    assert shape.head_dim == (32 if architecture in ("qwen3", "gemma3_text") else 16)
     assert shape.rope["rope_type"] == ("llama3" if architecture == "llama" else "default")
+    gemma = architecture == "gemma3_text"
+    assert (shape.sandwich_norms, shape.unit_offset_norms, shape.activation) == (gemma, gemma,
+                                                                                 "gelu_tanh" if gemma else "silu")
+    assert shape.windows == {"mistral": (16, 16), "gemma3_text": (8, None)}.get(architecture, ())
+    assert shape.local_rope == ({"rope_type": "default", "rope_theta": 10000.0} if gemma else None)
+    assert shape.rope["rope_theta"] == {"llama": 500000.0, "gemma3_text": 1000000.0}.get(architecture, 10000.0)
 
 
 def test_fp32_logits_agree_with_transformers(saved):
@@ -114,19 +126,31 @@ def test_qk_norm_changes_the_logits():
     assert not torch.allclose(backend.forward(ids).logits, before, atol=1e-3)
 
 
-def test_a_sliding_window_shorter_than_the_cache_is_a_clear_error():
-    config = transformers.MistralConfig(**TINY, sliding_window=32)
-    torch.manual_seed(0)
-    model = transformers.MistralForCausalLM(config).eval()
-    assert LlamaBackend.from_hf(model).max_length == 32  # the default cache stops at the window
-    with pytest.raises(ValueError, match="sliding window of 32 tokens"):
-        LlamaBackend.from_hf(model, max_length=64)
+@pytest.mark.parametrize("architecture", ["mistral", "gemma3_text"])
+def test_the_sliding_window_binds_in_both_forwards(architecture):
+    """Rows within the window of the start give what a forward without windows gives, rows past it do not; the
+    native int8 forward and the PyTorch one drop the same slots (a forward that ignored its window would agree
+    with the unwindowed one everywhere)."""
+    model = tiny_model(architecture)
+    shape = LlamaShape.from_config(model.config.to_dict())
+    unbound = replace(shape, windows=tuple(None if w is None else 10**6 for w in shape.windows))  # RoPE kept
+    window = min(w for w in shape.windows if w is not None)
+    ids = tokens(40, seed=7)
+    state = model.state_dict()
+    int8 = Int8LlamaBackend(shape, state, 64, calibration=CALIBRATION, native=native.enabled())
+    pairs = [(LlamaBackend(shape, state, 64), LlamaBackend(unbound, state, 64)),  # one quantization for both:
+             (int8, Int8LlamaBackend(unbound, state, 64, int8_state=int8.export_state(), native=native.enabled()))]
+    for backend, without in pairs:
+        windowed, whole = backend.forward(ids).logits, without.forward(ids).logits
+        torch.testing.assert_close(windowed[:window], whole[:window], atol=1e-5, rtol=0)
+        assert (windowed[window + 4 :] - whole[window + 4 :]).abs().amax(-1).min() > 1e-3
 
 
 @pytest.mark.parametrize("config,message", [
-    (dict(model_type="gemma3_text"), "llama, mistral, qwen2, qwen3 checkpoints, not model_type 'gemma3_text'"),
+    (dict(model_type="gemma2"), "llama, mistral, qwen2, qwen3, gemma3_text checkpoints, not model_type 'gemma2'"),
     (dict(model_type="qwen2", use_sliding_window=True), "use_sliding_window is not supported"),
-    (dict(model_type="llama", hidden_act="gelu"), "SiLU MLP only"),
+    (dict(model_type="llama", hidden_act="gelu"), "SiLU MLP and Gemma's tanh-GELU MLP only"),
+    (dict(model_type="gemma3_text", final_logit_softcapping=30.0), "final_logit_softcapping=30.0 is not supported"),
 ])
 def test_unsupported_checkpoints_are_clear_errors(config, message):
     base = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)

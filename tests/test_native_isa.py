@@ -41,7 +41,7 @@ SOURCE = """
 namespace paradecode {
 extern "C" __attribute__((noinline, flatten)) void check_scores(const LayerCache& c, const int32_t* p, const float* const* q,
                                                                  int64_t seen, float* s) {
-  score_blocks<6>(c, p, 0, q, seen, s, 1024);
+  score_blocks<6>(c, p, 0, q, 0, seen, s, 1024);
 }
 extern "C" __attribute__((noinline, flatten)) void check_values(const LayerCache& c, const int64_t* v, const float* const* p,
                                                                  float* const* a, int64_t n) {

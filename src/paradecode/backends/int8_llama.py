@@ -178,12 +178,16 @@ class Int8LlamaBackend(LlamaBackend):
         values = torch.zeros(s.num_layers, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
         keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
         stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, self._embed, self._norm,
-                                   self._cos, self._sin, values, keys_t, PAGE)
+                                   self._cos, self._sin, values, keys_t, PAGE, scale=s.attention_scale or 0.0,
+                                   gelu=s.activation == "gelu_tanh")
         none = torch.empty(0)  # a layer without per-head q/k norms
-        for layer in self._layers:
+        for index, layer in enumerate(self._layers):
+            cos, sin = self._rope_tables[self._rope_of[index]] if self._rope_of[index] else (None, None)
             stack.add_layer(layer.attn_norm, layer.mlp_norm, *(getattr(layer, name).parts() for name in PROJECTIONS),
                             none if layer.q_norm is None else layer.q_norm.float(),
-                            none if layer.k_norm is None else layer.k_norm.float())
+                            none if layer.k_norm is None else layer.k_norm.float(),
+                            post_attn_norm=layer.post_attn_norm, post_mlp_norm=layer.post_mlp_norm,
+                            window=s.window(index) or 0, cos=cos, sin=sin)
         stack.set_head(self._lm_head.parts())
         return stack, values, keys_t
 
@@ -354,7 +358,7 @@ class Int8LlamaBackend(LlamaBackend):
         t = q.shape[0]
         q = q.transpose(0, 1).unsqueeze(0).double()  # [1, Hq, T, hd]
         attn = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
-                                              enable_gqa=True)  # [1, Hq, T, hd] float64
+                                              scale=self.shape.attention_scale, enable_gqa=True)  # [1, Hq, T, hd]
         return attn[0].transpose(0, 1).reshape(t, -1).float()
 
     def _returned_hidden(self, hidden: torch.Tensor) -> torch.Tensor:

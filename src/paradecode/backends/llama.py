@@ -1,6 +1,6 @@
 """The reference backend: a compact Llama-family transformer of our own with a preallocated KV cache.
 
-Reads Hugging Face checkpoints of the Llama family (``ARCHITECTURES``: Llama, Mistral, Qwen2, Qwen3;
+Reads Hugging Face checkpoints of the Llama family (``ARCHITECTURES``: Llama, Mistral, Qwen2, Qwen3, Gemma-3;
 ``config.json`` + ``model.safetensors``, or a loaded transformers model) and reproduces transformers' logits in
 fp32. Built for small-batch CPU decoding:
 q/k/v and gate/up are fused into one matmul each at load time, the residual adds ride on ``addmm``, RoPE
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,10 +33,13 @@ DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does 
 
 
 # The architectures the Llama forward runs, as transformers' config.json names them (model_type), and what each
-# changes: Mistral is Llama's layout (its sliding window never binds within a cache no longer than the window);
-# Qwen2 adds biases to q, k and v (not o); Qwen3 normalizes each query and key head (RMSNorm over head_dim) before
-# RoPE.
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# changes: Mistral is Llama's layout with a sliding window on every layer; Qwen2 adds biases to q, k and v (not o);
+# Qwen3 normalizes each query and key head (RMSNorm over head_dim) before RoPE; Gemma-3 (its text model) adds to
+# Qwen3's norms a norm after the attention and after the MLP, scales the embeddings by sqrt(hidden size), multiplies
+# by (1 + w) in every norm, gates its MLP with tanh-approximated GELU, scales scores by query_pre_attn_scalar^-0.5,
+# and has sliding-window layers with a RoPE base of their own among full-attention ones.
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> ours
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,24 @@ class LlamaShape:
     mlp_bias: bool
     rope: Mapping[str, Any]  # rope_type, rope_theta and the type's scaling parameters
     o_bias: bool = False  # a bias on the attention's output projection (Llama's attention_bias has both)
-    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
-    sliding_window: int | None = None  # attention sees at most this many tokens back (Mistral); None: all
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3, Gemma-3)
+    # Per layer: a row at position p sees cache slots > p - window (Mistral, Gemma-3's sliding layers); () or None: all
+    windows: tuple[int | None, ...] = ()
+    local_rope: Mapping[str, Any] | None = None  # the RoPE of the windowed layers where it differs (Gemma-3)
+    activation: str = "silu"  # the MLP's gate: "silu" or "gelu_tanh"
+    sandwich_norms: bool = False  # RMSNorm of the attention's and the MLP's outputs before the residual add
+    unit_offset_norms: bool = False  # every norm multiplies by (1 + weight) (Gemma)
+    embed_scale: float = 1.0  # the embeddings are multiplied by this (Gemma: sqrt(hidden_size))
+    attention_scale: float | None = None  # scores are multiplied by this; None: head_dim ** -0.5
     architecture: str = "llama"
+
+    def window(self, layer: int) -> int | None:
+        """How far back layer ``layer`` attends (None: the whole cache)."""
+        return self.windows[layer] if self.windows else None
+
+    def layer_rope(self, layer: int) -> Mapping[str, Any]:
+        """The RoPE parameters of layer ``layer``."""
+        return self.local_rope if self.local_rope is not None and self.window(layer) is not None else self.rope
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LlamaShape:
@@ -68,47 +87,81 @@ class LlamaShape:
         if architecture not in ARCHITECTURES:
             raise ValueError(f"the Llama forward runs {', '.join(ARCHITECTURES)} checkpoints, not model_type "
                              f"{architecture!r}")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"the Llama forward supports the SiLU MLP only, got hidden_act {config['hidden_act']!r}")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
-        rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
-        if rope["rope_type"] not in ("default", "llama3"):
-            raise ValueError(f"unsupported rope_type {rope['rope_type']!r}; the Llama forward knows 'default' and "
-                             "'llama3'")
+        gemma = architecture == "gemma3_text"
+        act = config.get("hidden_activation" if gemma else "hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"the Llama forward supports the SiLU MLP and Gemma's tanh-GELU MLP only, got "
+                             f"hidden_act {act!r}")
+        for key in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"):
+            if config.get(key):
+                raise ValueError(f"{architecture} with {key}={config[key]!r} is not supported")
         if architecture in ("qwen2", "qwen3") and config.get("use_sliding_window"):
             raise ValueError(f"{architecture} with use_sliding_window is not supported (sliding-window layers)")
+        parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        local_rope = None
+        if gemma:  # one RoPE per layer type
+            local_rope = _rope(parameters.get("sliding_attention") or {}, config.get("rope_local_base_freq", 10000.0))
+            parameters = parameters.get("full_attention") or config.get("rope_scaling") or {}
+        rope = _rope(parameters, config.get("rope_theta", 10000.0))
         bias = bool(config.get("attention_bias", False))
-        num_heads = config["num_attention_heads"]
+        num_heads, num_layers = config["num_attention_heads"], config["num_hidden_layers"]
+        window = config.get("sliding_window")
+        windows: tuple[int | None, ...] = ()
+        if architecture == "mistral" and window:
+            windows = (window,) * num_layers
+        elif gemma:
+            types = config.get("layer_types") or [
+                "full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+                for i in range(num_layers)]
+            windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+        head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
         return cls(
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
             intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
+            tie_word_embeddings=config.get("tie_word_embeddings", gemma),
             attention_bias=True if architecture == "qwen2" else bias,
             mlp_bias=config.get("mlp_bias", False),
             rope=rope,
             o_bias=False if architecture == "qwen2" else bias,
-            qk_norm=architecture == "qwen3",
-            sliding_window=config.get("sliding_window") if architecture == "mistral" else None,
+            qk_norm=architecture in ("qwen3", "gemma3_text"),
+            windows=windows,
+            local_rope=local_rope,
+            activation=ACTIVATIONS[act],
+            sandwich_norms=gemma,
+            unit_offset_norms=gemma,
+            embed_scale=config["hidden_size"] ** 0.5 if gemma else 1.0,
+            attention_scale=config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else None,
             architecture=architecture,
         )
 
 
-def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
-    """[head_dim / 2] float32 inverse frequencies, with Llama-3 wavelength scaling when configured."""
-    dim = shape.head_dim
-    inv_freq = 1.0 / (shape.rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if shape.rope["rope_type"] == "llama3":
-        factor = shape.rope["factor"]
-        low, high = shape.rope["low_freq_factor"], shape.rope["high_freq_factor"]
-        old_context = shape.rope["original_max_position_embeddings"]
+def _rope(parameters: Mapping[str, Any], theta: float) -> dict[str, Any]:
+    """One layer type's RoPE parameters, checked: rope_type, rope_theta and the type's scaling parameters."""
+    rope = dict(parameters)
+    rope.setdefault("rope_theta", theta)
+    rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+    if rope["rope_type"] not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope_type {rope['rope_type']!r}; the Llama forward knows 'default' and "
+                         "'llama3'")
+    return rope
+
+
+def rope_inv_freq(shape: LlamaShape, rope: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """[head_dim / 2] float32 inverse frequencies of ``rope`` (default: the shape's), with Llama-3 wavelength
+    scaling when configured."""
+    dim, rope = shape.head_dim, shape.rope if rope is None else rope
+    inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if rope["rope_type"] == "llama3":
+        factor = rope["factor"]
+        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+        old_context = rope["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
         # Long wavelengths are slowed by `factor`, short ones kept; the band between is interpolated.
         scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
@@ -165,8 +218,10 @@ class _Layer:
     mlp_norm: torch.Tensor  # [D]
     gate_up: _Linear  # D -> 2 * I
     down: _Linear  # I -> D
-    q_norm: torch.Tensor | None = None  # [hd] RMSNorm weight of every query head (Qwen3), else None
+    q_norm: torch.Tensor | None = None  # [hd] RMSNorm weight of every query head (Qwen3, Gemma-3), else None
     k_norm: torch.Tensor | None = None  # [hd] of every key head
+    post_attn_norm: torch.Tensor | None = None  # [D] norm of the attention's output (Gemma-3's sandwich), else None
+    post_mlp_norm: torch.Tensor | None = None  # [D] norm of the MLP's output
     keys: torch.Tensor | None = None  # [1, Hkv, max_length, hd] view into the cache
     values: torch.Tensor | None = None  # [1, Hkv, max_length, hd] view into the cache
     slots: torch.Tensor | None = None  # [2 * Hkv, max_length, hd] this layer's cache (keys, then values), for writing
@@ -187,6 +242,9 @@ class LlamaBackend(SlotCache):
         def weight(name: str) -> torch.Tensor:
             return state[name].detach().to(dtype)
 
+        def norm(name: str) -> torch.Tensor:  # Gemma's norms multiply by (1 + w): that factor, once
+            return (state[name].detach().float() + 1).to(dtype) if shape.unit_offset_norms else weight(name)
+
         def linear(projections: Sequence[str], has_bias: bool) -> _Linear:
             biases = [weight(f"{name}.bias") for name in projections] if has_bias else None
             return _Linear.from_parts([weight(f"{name}.weight") for name in projections], biases)
@@ -194,22 +252,28 @@ class LlamaBackend(SlotCache):
         layers = []
         for i in range(shape.num_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            # Llama's post_attention_layernorm is its pre-MLP norm; Gemma-3 names that one pre_feedforward_layernorm
+            mlp_norm = "pre_feedforward_layernorm" if shape.sandwich_norms else "post_attention_layernorm"
             layers.append(
                 _Layer(
-                    attn_norm=weight(f"model.layers.{i}.input_layernorm.weight"),
+                    attn_norm=norm(f"model.layers.{i}.input_layernorm.weight"),
                     qkv=linear([attn + "q_proj", attn + "k_proj", attn + "v_proj"], shape.attention_bias),
                     o=linear([attn + "o_proj"], shape.o_bias),
-                    mlp_norm=weight(f"model.layers.{i}.post_attention_layernorm.weight"),
+                    mlp_norm=norm(f"model.layers.{i}.{mlp_norm}.weight"),
                     gate_up=linear([mlp + "gate_proj", mlp + "up_proj"], shape.mlp_bias),
                     down=linear([mlp + "down_proj"], shape.mlp_bias),
-                    q_norm=weight(attn + "q_norm.weight") if shape.qk_norm else None,
-                    k_norm=weight(attn + "k_norm.weight") if shape.qk_norm else None,
+                    q_norm=norm(attn + "q_norm.weight") if shape.qk_norm else None,
+                    k_norm=norm(attn + "k_norm.weight") if shape.qk_norm else None,
+                    post_attn_norm=norm(f"model.layers.{i}.post_attention_layernorm.weight")
+                    if shape.sandwich_norms else None,
+                    post_mlp_norm=norm(f"model.layers.{i}.post_feedforward_layernorm.weight")
+                    if shape.sandwich_norms else None,
                 )
             )
         embed = weight("model.embed_tokens.weight")  # [V, D]
         tied = shape.tie_word_embeddings or "lm_head.weight" not in state
         head = _Linear.from_parts([embed if tied else weight("lm_head.weight")], None)  # D -> V
-        self._assemble(shape, layers, embed, weight("model.norm.weight"), head, max_length, dtype)
+        self._assemble(shape, layers, embed, norm("model.norm.weight"), head, max_length, dtype)
         self._allocate_cache(dtype)
 
     def _assemble(self, shape: LlamaShape, layers: list[_Layer], embed: torch.Tensor, norm: torch.Tensor, head: Any,
@@ -219,18 +283,23 @@ class LlamaBackend(SlotCache):
         self.shape = shape
         self.vocab_size = shape.vocab_size
         self.num_layers = shape.num_layers
-        window = shape.sliding_window or shape.max_position_embeddings
-        self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH, window)
-        if self.max_length > window:
-            raise ValueError(f"this {shape.architecture} model attends within a sliding window of {window} tokens, "
-                             f"which the Llama forward does not implement: use a max_length of at most {window}")
+        self.max_length = max_length or min(shape.max_position_embeddings, DEFAULT_MAX_LENGTH)
         self.dtype = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self._len = 0
+        if shape.embed_scale != 1.0:  # [V, D] scaled once, as transformers scales each lookup (in the weights' dtype)
+            embed = embed * torch.tensor(shape.embed_scale, dtype=embed.dtype)
         self._layers, self._embed, self._norm, self._lm_head = layers, embed, norm, head  # [V, D], [D], D -> V
-        # RoPE tables for every position, in the rotate-half layout: x * cos + roll(x, hd/2) * sin_signed.
-        angles = torch.arange(self.max_length).float()[:, None] * rope_inv_freq(shape)[None]  # [P, hd/2]
-        self._cos = torch.cat((angles, angles), -1).cos().to(dtype)  # [P, hd]
-        self._sin = torch.cat((-angles.sin(), angles.sin()), -1).to(dtype)  # [P, hd]
+        # RoPE tables for every position, in the rotate-half layout: x * cos + roll(x, hd/2) * sin_signed; a second
+        # pair where the windowed layers have a RoPE of their own (Gemma-3), and each layer's index into them.
+        self._rope_tables = [self._rope_table(shape, rope, dtype) for rope in (shape.rope, shape.local_rope) if rope]
+        self._rope_of = [int(shape.layer_rope(i) is not shape.rope) for i in range(shape.num_layers)]
+        self._cos, self._sin = self._rope_tables[0]
+
+    def _rope_table(self, shape: LlamaShape, rope: Mapping[str, Any], dtype: torch.dtype):
+        """(cos [P, hd], sin [P, hd]) of ``rope`` for every position of the cache."""
+        angles = torch.arange(self.max_length).float()[:, None] * rope_inv_freq(shape, rope)[None]  # [P, hd/2]
+        return (torch.cat((angles, angles), -1).cos().to(dtype),
+                torch.cat((-angles.sin(), angles.sin()), -1).to(dtype))
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, max_length: int | None = None, **kwargs: Any) -> LlamaBackend:
@@ -277,7 +346,7 @@ class LlamaBackend(SlotCache):
         t = q.shape[0]
         q = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, T, hd]
         attn = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
-                                              enable_gqa=True)  # [1, Hq, T, hd]
+                                              scale=self.shape.attention_scale, enable_gqa=True)  # [1, Hq, T, hd]
         return attn[0].transpose(0, 1).reshape(t, -1)
 
     def _returned_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -325,17 +394,18 @@ class LlamaBackend(SlotCache):
         end = start + t
         indices = self._check_pass(t, mask, exit_layer, layers, aux_layers)
         run_layers = [self._layers[i] for i in indices]
-        if mask is None:
-            mask = causal_mask(start, t) if t > 1 else None  # one new token may see everything
         if positions is None:
-            cos, sin = self._cos[start:end], self._sin[start:end]  # [T, hd]
-        else:
-            cos, sin = self._cos[positions], self._sin[positions]  # [T, hd]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, hd]
+            positions = torch.arange(start, end)
+        ropes = [(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for cos, sin in self._rope_tables]
+        masks = {None: mask if mask is not None or t == 1 else causal_mask(start, t)}  # one new token sees all
+        for window in {w for w in self.shape.windows if w is not None}:  # a row sees the slots > its position - window
+            near = torch.arange(end)[None, :] > positions[:, None] - window  # [T, end]
+            masks[window] = near if masks[None] is None else masks[None] & near
 
         s = self.shape
         hq, hkv, hd, d, half = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size, s.head_dim // 2
         few_rows = t <= FEW_ROWS
+        act = F.silu if s.activation == "silu" else partial(F.gelu, approximate="tanh")
         x = F.embedding(token_ids, self._embed)  # [T, D]
         aux = []
         for index, layer in zip(indices, run_layers):
@@ -347,14 +417,21 @@ class LlamaBackend(SlotCache):
             if layer.q_norm is not None:
                 qk = torch.cat((F.rms_norm(qk[:, :hq], (hd,), layer.q_norm, s.rms_norm_eps),
                                 F.rms_norm(qk[:, hq:], (hd,), layer.k_norm, s.rms_norm_eps)), 1)
+            cos, sin = ropes[self._rope_of[index]]  # [T, 1, hd]
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # RoPE on queries and keys together
             layer.slots[:hkv, start:end] = qk[:, hq:].transpose(0, 1)
             layer.slots[hkv:, start:end] = qkv[:, hq + hkv :].transpose(0, 1)
-            attn = self._attention(qk[:, :hq], layer, end, mask)  # [T, Hq * hd]
-            x = layer.o.add_to(x, attn, few_rows)  # [T, D]
+            attn = self._attention(qk[:, :hq], layer, end, masks[s.window(index)])  # [T, Hq * hd]
+            if layer.post_attn_norm is None:
+                x = layer.o.add_to(x, attn, few_rows)  # [T, D]
+            else:
+                x = x + F.rms_norm(layer.o(attn, few_rows), (d,), layer.post_attn_norm, s.rms_norm_eps)
             h = F.rms_norm(x, (d,), layer.mlp_norm, s.rms_norm_eps)
             gate, up = layer.gate_up(h, few_rows).chunk(2, dim=-1)  # [T, I] each
-            x = layer.down.add_to(x, F.silu(gate) * up, few_rows)  # [T, D]
+            if layer.post_mlp_norm is None:
+                x = layer.down.add_to(x, act(gate) * up, few_rows)  # [T, D]
+            else:
+                x = x + F.rms_norm(layer.down(act(gate) * up, few_rows), (d,), layer.post_mlp_norm, s.rms_norm_eps)
         self._len = end
         hidden = F.rms_norm(x, (d,), self._norm, s.rms_norm_eps)  # [T, D]
         scores = self._lm_head.wide(hidden).float() if logits else None  # [T, V]

@@ -51,18 +51,21 @@ struct LayerCache {
 
 struct AttentionShape {
   int64_t heads, kv_heads, head_dim, row_width;  // row_width: floats per row of the qkv input
+  float scale;                                   // scores are multiplied by it (usually 1 / sqrt(head_dim))
+  int64_t window;                                // a row at position p sees logical slots > p - window; 0: all
+  const int64_t* positions;                      // [pass rows] each row's position (read where window > 0)
 };
 
 constexpr int kMaxQueries = 8;   // queries scored together against one key block
 constexpr int kPvQueries = 4;    // queries summed together over one value row (4 x 64 lanes in registers)
 
-// Scores of NQ queries (hd floats each) against the 16-slot blocks covering logical slots [0, seen):
-// scores[i * padded + slot]; slots past `seen` inside the last block are scored too.
+// Scores of NQ queries (hd floats each) against the 16-slot blocks covering logical slots [first, seen), first a
+// multiple of kLanes: scores[i * padded + slot]; slots past `seen` inside the last block are scored too.
 template <int NQ>
 inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q,
-                         int64_t seen, float* scores, int64_t padded) {
+                         int64_t first, int64_t seen, float* scores, int64_t padded) {
   const int64_t hd = cache.head_dim;
-  int64_t block = 0;
+  int64_t block = first;
   // Two blocks at a time while they last (twice the independent sums in flight), then one.
   for (; block + kLanes < seen; block += 2 * kLanes) {
     const half* k0 = cache.key_block(g, cache.physical(pages, block));
@@ -101,16 +104,16 @@ inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t 
 }
 
 inline void score_queries(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q, int nq,
-                          int64_t seen, float* scores, int64_t padded) {
+                          int64_t first, int64_t seen, float* scores, int64_t padded) {
   switch (nq) {
-    case 1: return score_blocks<1>(cache, pages, g, q, seen, scores, padded);
-    case 2: return score_blocks<2>(cache, pages, g, q, seen, scores, padded);
-    case 3: return score_blocks<3>(cache, pages, g, q, seen, scores, padded);
-    case 4: return score_blocks<4>(cache, pages, g, q, seen, scores, padded);
-    case 5: return score_blocks<5>(cache, pages, g, q, seen, scores, padded);
-    case 6: return score_blocks<6>(cache, pages, g, q, seen, scores, padded);
-    case 7: return score_blocks<7>(cache, pages, g, q, seen, scores, padded);
-    default: return score_blocks<8>(cache, pages, g, q, seen, scores, padded);
+    case 1: return score_blocks<1>(cache, pages, g, q, first, seen, scores, padded);
+    case 2: return score_blocks<2>(cache, pages, g, q, first, seen, scores, padded);
+    case 3: return score_blocks<3>(cache, pages, g, q, first, seen, scores, padded);
+    case 4: return score_blocks<4>(cache, pages, g, q, first, seen, scores, padded);
+    case 5: return score_blocks<5>(cache, pages, g, q, first, seen, scores, padded);
+    case 6: return score_blocks<6>(cache, pages, g, q, first, seen, scores, padded);
+    case 7: return score_blocks<7>(cache, pages, g, q, first, seen, scores, padded);
+    default: return score_blocks<8>(cache, pages, g, q, first, seen, scores, padded);
   }
 }
 
@@ -190,6 +193,18 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
   const int64_t rows = r1 - r0, per_row = h1 - h0, nq = rows * per_row;  // rows <= kMaxQueries
   const int64_t seen = segment.mask ? end : segment.start + r1;  // slots any of these rows may see
   const int64_t padded = (seen + kLanes - 1) / kLanes * kLanes;
+  // The first logical slot each row may see: 0, or under a window the first slot past its position - window (a
+  // causal row always sees its own slot).
+  int64_t low[kMaxQueries];
+  int64_t lowest = seen;
+  for (int64_t r = 0; r < rows; ++r) {
+    low[r] = 0;
+    if (shape.window > 0) {
+      low[r] = std::max<int64_t>(0, shape.positions[segment.first_row + r0 + r] - shape.window + 1);
+      if (!segment.mask) low[r] = std::min(low[r], segment.start + r0 + r);
+    }
+    lowest = std::min(lowest, low[r]);
+  }
   scratch.scores.resize(nq * padded);
   scratch.probs.resize(nq * end);
   if (segment.mask) {
@@ -197,7 +212,7 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
     scratch.physical.resize(rows * end);
   }
   scratch.counts.resize(rows);
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float scale = shape.scale;
 
   auto& queries = scratch.queries;
   queries.resize(nq);
@@ -208,11 +223,11 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
     }
   for (int64_t first = 0; first < nq; first += kMaxQueries) {
     const int n = static_cast<int>(std::min<int64_t>(kMaxQueries, nq - first));
-    score_queries(cache, segment.pages, g, queries.data() + first, n, seen, scratch.scores.data() + first * padded,
-                  padded);
+    score_queries(cache, segment.pages, g, queries.data() + first, n, lowest / kLanes * kLanes, seen,
+                  scratch.scores.data() + first * padded, padded);
   }
   // Each row's visible slots (logical, in slot order) and their physical slots; the rows' common leading run is
-  // summed for all of them at once. A causal row sees slots 0 .. start + its index: no list to build.
+  // summed for all of them at once. A causal row sees slots low .. start + its index: no list to build.
   const int64_t* vis_of[kMaxQueries];
   const int64_t* phys_of[kMaxQueries];
   int64_t common = -1;
@@ -223,7 +238,7 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
       int64_t* vis = scratch.visible.data() + r * end;
       int64_t* phys = scratch.physical.data() + r * end;
       const bool* row = segment.mask + local * end;
-      for (int64_t j = 0; j < end; ++j)
+      for (int64_t j = low[r]; j < end; ++j)
         if (row[j]) {
           phys[count] = segment.physical[j];
           vis[count++] = j;
@@ -231,9 +246,9 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
       vis_of[r] = vis;
       phys_of[r] = phys;
     } else {
-      count = segment.start + local + 1;
+      count = segment.start + local + 1 - low[r];
       vis_of[r] = nullptr;
-      phys_of[r] = segment.physical;
+      phys_of[r] = segment.physical + low[r];
     }
     scratch.counts[r] = count;
     if (r == 0) {
@@ -243,7 +258,7 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
       while (same < common && same < count && vis_of[r][same] == vis_of[0][same]) ++same;
       common = same;
     } else {
-      common = std::min(common, count);
+      common = low[r] == low[0] ? std::min(common, count) : 0;
     }
   }
   // Softmax of each query's visible scores.
@@ -257,7 +272,7 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
       if (vis) {
         for (int64_t k = 0; k < count; ++k) pp[k] = sp[vis[k]] * scale;
       } else {
-        each(count, [&](int64_t k, auto z) { st(pp + k, ld(sp + k, z) * scale); });
+        each(count, [&](int64_t k, auto z) { st(pp + k, ld(sp + low[r] + k, z) * scale); });
       }
       const float top = max_value(pp, count);
       each(count, [&](int64_t k, auto z) { st(pp + k, exp_approx(ld(pp + k, z) - top)); });

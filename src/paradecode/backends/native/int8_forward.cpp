@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,14 @@ namespace paradecode {
 
 class Int8Forward {
  public:
+  // scale: what scores are multiplied by (0: 1 / sqrt(head_dim)); gelu: the MLP gates with tanh-approximated GELU
+  // (Gemma) instead of SiLU.
   Int8Forward(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, at::Tensor embed, at::Tensor norm,
-              at::Tensor cos, at::Tensor sin, at::Tensor values, at::Tensor keys_t, int64_t page)
+              at::Tensor cos, at::Tensor sin, at::Tensor values, at::Tensor keys_t, int64_t page, double scale,
+              bool gelu)
       : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()), norm_(norm.contiguous()),
-        cos_(cos.contiguous()), sin_(sin.contiguous()), values_(values), keys_t_(keys_t) {
+        cos_(cos.contiguous()), sin_(sin.contiguous()), values_(values), keys_t_(keys_t),
+        scale_(scale > 0 ? static_cast<float>(scale) : 1.f / std::sqrt(static_cast<float>(head_dim))), gelu_(gelu) {
     TORCH_CHECK(values.is_contiguous() && values.scalar_type() == at::kHalf && values.dim() == 4 &&
                     values.size(1) == kv_heads && values.size(3) == head_dim,
                 "values must be a contiguous float16 [layers, kv_heads, slots, head_dim]");
@@ -50,13 +55,29 @@ class Int8Forward {
     kernels_.fill(kOwn);
   }
 
-  // q_norm, k_norm: [head_dim] float32 weights of a per-head RMSNorm before RoPE (Qwen3), or empty tensors.
+  // q_norm, k_norm: [head_dim] float32 weights of a per-head RMSNorm before RoPE (Qwen3), or empty tensors;
+  // post_attn_norm, post_mlp_norm: [D] norms of the attention's and the MLP's outputs before the residual add
+  // (Gemma-3), or empty; window: rows see the logical slots past their position - window (0: all); cos, sin: this
+  // layer's RoPE tables [positions, head_dim], or empty for the forward's own.
   void add_layer(at::Tensor attn_norm, at::Tensor mlp_norm, const py::tuple& qkv, const py::tuple& o,
-                 const py::tuple& gate_up, const py::tuple& down, at::Tensor q_norm, at::Tensor k_norm) {
+                 const py::tuple& gate_up, const py::tuple& down, at::Tensor q_norm, at::Tensor k_norm,
+                 std::optional<at::Tensor> post_attn, std::optional<at::Tensor> post_mlp, int64_t window,
+                 std::optional<at::Tensor> layer_cos, std::optional<at::Tensor> layer_sin) {
+    const auto given = [](const std::optional<at::Tensor>& t) { return t ? t->contiguous() : at::empty({0}); };
+    const at::Tensor post_attn_norm = given(post_attn), post_mlp_norm = given(post_mlp);
+    const at::Tensor cos = given(layer_cos), sin = given(layer_sin);
     TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == hd_),
                 "q_norm and k_norm must both be empty or both [head_dim]");
+    const int64_t d = embed_.size(1);
+    TORCH_CHECK(post_attn_norm.numel() == post_mlp_norm.numel() && (post_attn_norm.numel() == 0 || post_attn_norm.numel() == d),
+                "post_attn_norm and post_mlp_norm must both be empty or both [hidden]");
+    TORCH_CHECK(window >= 0, "a window is a count of slots, or 0 for none");
+    TORCH_CHECK(cos.numel() == sin.numel() && (cos.numel() == 0 || (cos.dim() == 2 && cos.size(1) == hd_ &&
+                                                                    cos.size(0) == cos_.size(0))),
+                "a layer's cos and sin must both be empty or both [positions, head_dim] like the forward's");
     layers_.push_back(Layer{attn_norm.contiguous(), mlp_norm.contiguous(), projection(qkv), projection(o),
-                            projection(gate_up), projection(down), q_norm.contiguous(), k_norm.contiguous()});
+                            projection(gate_up), projection(down), q_norm.contiguous(), k_norm.contiguous(),
+                            post_attn_norm, post_mlp_norm, window, cos, sin});
   }
 
   void set_head(const py::tuple& head) { head_ = projection(head); }
@@ -165,16 +186,16 @@ class Int8Forward {
       rope_and_store(qkv_.data(), t, layer, pos.data_ptr<int64_t>(), segments, cache);
       clock_.lap(kRope);
       attn_.resize(t * hq_ * hd_);
-      attention(qkv_.data(), layer.qkv.out_features(), segments, cache, t);
+      attention(qkv_.data(), layer, segments, cache, t, pos.data_ptr<int64_t>());
       clock_.lap(kAttention);
-      layer.o.apply(kernel, attn_.data(), t, xp, true, clock_, ws_);
+      add_output(layer.o, layer.post_attn_norm, kernel, attn_.data(), t, xp);
       rms_norm(xp, t, layer.mlp_norm, h_.data());
       clock_.lap(kNorm);
       gate_up_.resize(t * layer.gate_up.out_features());
       layer.gate_up.apply(kernel, h_.data(), t, gate_up_.data(), false, clock_, ws_);
-      silu_mul(t, layer.gate_up.out_features() / 2);
+      gate_mul(t, layer.gate_up.out_features() / 2);
       clock_.lap(kSilu);
-      layer.down.apply(kernel, act_.data(), t, xp, true, clock_, ws_);
+      add_output(layer.down, layer.post_mlp_norm, kernel, act_.data(), t, xp);
     }
     TORCH_CHECK(next_capture == captures, "capture must list ascending indices of layers the pass runs");
     at::Tensor hidden = at::empty_like(x);
@@ -242,7 +263,8 @@ class Int8Forward {
     return segments;
   }
 
-  void rms_norm(const float* x, int64_t t, const at::Tensor& weight, float* out) const {
+  // out = RMSNorm(x) * weight, or with add, out += that (a sandwich norm's residual add).
+  void rms_norm(const float* x, int64_t t, const at::Tensor& weight, float* out, bool add = false) const {
     const int64_t d = weight.size(0);
     const float* w = weight.data_ptr<float>();
     at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
@@ -250,9 +272,23 @@ class Int8Forward {
         const float* row = x + r * d;
         const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
         float* o = out + r * d;
-        each(d, [&](int64_t c, auto z) { st(o + c, ld(row + c, z) * inv * ld(w + c, z)); });
+        if (add) {
+          each(d, [&](int64_t c, auto z) { st(o + c, ld(o + c, z) + ld(row + c, z) * inv * ld(w + c, z)); });
+        } else {
+          each(d, [&](int64_t c, auto z) { st(o + c, ld(row + c, z) * inv * ld(w + c, z)); });
+        }
       }
     });
+  }
+
+  // x [T, D] += the projection of in, or with a post norm (Gemma-3), += RMSNorm(projection) * post_norm.
+  void add_output(const Projection& projection, const at::Tensor& post_norm, Kernel kernel, const float* in, int64_t t,
+                  float* x) {
+    if (post_norm.numel() == 0) return projection.apply(kernel, in, t, x, true, clock_, ws_);
+    out_.resize(t * projection.out_features());
+    projection.apply(kernel, in, t, out_.data(), false, clock_, ws_);
+    rms_norm(out_.data(), t, post_norm, x, true);
+    clock_.lap(kNorm);
   }
 
   // RoPE (rotate-half layout) on the query and key heads of qkv [T, width], in place, after the layer's per-head
@@ -260,8 +296,8 @@ class Int8Forward {
   void rope_and_store(float* qkv, int64_t t, const Layer& layer, const int64_t* pos,
                       const std::vector<Segment>& segments, const LayerCache& cache) const {
     const int64_t half_dim = hd_ / 2, width = layer.qkv.out_features();
-    const float* cosp = cos_.data_ptr<float>();
-    const float* sinp = sin_.data_ptr<float>();
+    const float* cosp = (layer.cos.numel() ? layer.cos : cos_).data_ptr<float>();
+    const float* sinp = (layer.sin.numel() ? layer.sin : sin_).data_ptr<float>();
     const bool normed = layer.q_norm.numel() > 0;
     const float* q_norm = normed ? layer.q_norm.data_ptr<float>() : nullptr;
     const float* k_norm = normed ? layer.k_norm.data_ptr<float>() : nullptr;
@@ -303,10 +339,10 @@ class Int8Forward {
     int64_t segment, g, r0, r1, h0, h1;
   };
 
-  void attention(const float* qkv, int64_t width, const std::vector<Segment>& segments, const LayerCache& cache,
-                 int64_t t) {
+  void attention(const float* qkv, const Layer& layer, const std::vector<Segment>& segments, const LayerCache& cache,
+                 int64_t t, const int64_t* positions) {
     const int64_t group = hq_ / hkv_;
-    const AttentionShape shape{hq_, hkv_, hd_, width};
+    const AttentionShape shape{hq_, hkv_, hd_, layer.qkv.out_features(), scale_, layer.window, positions};
     int64_t heads_per_unit = std::min<int64_t>(group, kMaxQueries);
     if (t * hkv_ < 2 * at::get_num_threads()) heads_per_unit = 1;  // a short pass: split by head to use every thread
     const int64_t rows_per_unit = std::max<int64_t>(1, kMaxQueries / heads_per_unit);
@@ -327,20 +363,30 @@ class Int8Forward {
     });
   }
 
-  // gate_up [T, 2I] -> act [T, I] = silu(gate) * up
-  void silu_mul(int64_t t, int64_t inter) {
+  // gate_up [T, 2I] -> act [T, I] = silu(gate) * up, or with gelu_ gelu_tanh(gate) * up, where
+  // gelu_tanh(x) = x (1 + tanh(u)) / 2 = x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3).
+  void gate_mul(int64_t t, int64_t inter) {
     act_.resize(t * inter);
     const float* gp = gate_up_.data();
     float* op = act_.data();
+    const bool gelu = gelu_;
     at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* g = gp + r * 2 * inter;
         const float* u = g + inter;
         float* o = op + r * inter;
-        each(inter, [&](int64_t c, auto z) {
-          const auto gate = ld(g + c, z);
-          st(o + c, gate / (1.f + exp_approx(-gate)) * ld(u + c, z));
-        });
+        if (gelu) {
+          each(inter, [&](int64_t c, auto z) {
+            const auto gate = ld(g + c, z);
+            const auto two_u = gate * (1.5957691216057308f + gate * gate * 0.07135481627159981f);
+            st(o + c, gate / (1.f + exp_approx(-two_u)) * ld(u + c, z));
+          });
+        } else {
+          each(inter, [&](int64_t c, auto z) {
+            const auto gate = ld(g + c, z);
+            st(o + c, gate / (1.f + exp_approx(-gate)) * ld(u + c, z));
+          });
+        }
       }
     });
   }
@@ -348,12 +394,14 @@ class Int8Forward {
   int64_t hq_, hkv_, hd_, page_shift_;
   double eps_;
   at::Tensor embed_, norm_, cos_, sin_, values_, keys_t_;
+  float scale_;
+  bool gelu_;
   std::vector<Layer> layers_;
   Projection head_;
   std::array<Kernel, kBuckets> kernels_;
   Clock clock_;
   Workspace ws_;
-  std::vector<float> h_, qkv_, attn_, gate_up_, act_;
+  std::vector<float> h_, qkv_, attn_, gate_up_, act_, out_;
   std::vector<Unit> units_;
 };
 
@@ -392,8 +440,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using paradecode::Int8Forward;
   py::class_<Int8Forward>(m, "Int8Forward")
       .def(py::init<int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                    at::Tensor, int64_t>())
-      .def("add_layer", &Int8Forward::add_layer)
+                    at::Tensor, int64_t, double, bool>(),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("embed"), py::arg("norm"),
+           py::arg("cos"), py::arg("sin"), py::arg("values"), py::arg("keys_t"), py::arg("page"), py::arg("scale") = 0.0,
+           py::arg("gelu") = false)
+      .def("add_layer", &Int8Forward::add_layer, py::arg("attn_norm"), py::arg("mlp_norm"), py::arg("qkv"), py::arg("o"),
+           py::arg("gate_up"), py::arg("down"), py::arg("q_norm"), py::arg("k_norm"),
+           py::arg("post_attn_norm") = py::none(), py::arg("post_mlp_norm") = py::none(), py::arg("window") = 0,
+           py::arg("cos") = py::none(), py::arg("sin") = py::none())
       .def("set_head", &Int8Forward::set_head)
       .def("kernels", &Int8Forward::kernels)
       .def("set_kernels", &Int8Forward::set_kernels)

@@ -243,6 +243,9 @@ struct Layer {
   at::Tensor attn_norm, mlp_norm;  // [D]
   Projection qkv, o, gate_up, down;
   at::Tensor q_norm, k_norm;  // [head_dim] RMSNorm weights of each query / key head before RoPE (Qwen3), or empty
+  at::Tensor post_attn_norm, post_mlp_norm;  // [D] norms of the attention's and the MLP's outputs (Gemma-3), or empty
+  int64_t window;             // a row at position p sees logical slots > p - window; 0: every slot
+  at::Tensor cos, sin;        // [positions, head_dim] this layer's RoPE tables, or empty: the forward's own
 };
 
 inline c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {

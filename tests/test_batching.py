@@ -72,6 +72,34 @@ def test_concurrent_requests_get_exactly_their_solo_outputs(backend):
     assert batcher.pool.free == batcher.pool.pages and batcher.open_sequences == 0  # every page came back
 
 
+def test_sliding_window_layers_batch_exactly():
+    """Each sequence's window is read from its own positions: requests on a tiny Gemma-3 (a sliding layer of 8
+    slots with its own RoPE base, then a full layer), all longer than the window, get their solo outputs."""
+    import transformers
+
+    from paradecode.backends.int8_llama import Int8LlamaBackend
+
+    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                           max_position_embeddings=256, sliding_window=8, tie_word_embeddings=False,
+                                           layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(0.0, 0.5)
+        model.lm_head.weight.mul_(4.0)
+    windowed = Int8LlamaBackend.from_hf(model, calibration=[list(range(1, 60))])
+    assert windowed.shape.windows == (8, None) and windowed._native is not None
+    jobs = [(method, options, temperature, PROMPTS[i % len(PROMPTS)], 24 + 4 * (i % 3), i)
+            for i, (method, options, temperature) in enumerate(CASES[:7])]
+    expected = [solo(windowed, *job) for job in jobs]
+    batcher = windowed.batcher(8 << 20)
+    assert in_threads(batcher, jobs) == expected
+    assert max(batcher.sequences_histogram) >= 3
+
+
 def test_requests_joining_mid_batch_and_a_long_prompt_in_chunks_leave_the_others_unchanged(backend):
     long_prompt = [(7 * i + 3) % 48 for i in range(150)]  # prefilled in chunks of 16 alongside the others
     jobs = [("pld", {}, 0.0, PROMPTS[0], 40, 0), ("ar", {}, 0.8, PROMPTS[2], 40, 5),

@@ -117,6 +117,39 @@ def test_models_lists_builtins(capsys, tmp_path):
     assert code == 0 and "smollm2-135m" in out and "gemma3-270m" in out and "not cached" in out
 
 
+def test_models_shows_the_speed_kept_for_this_machine(capsys, tmp_path):
+    """The cost curve a cost-aware run kept for a model on this machine is its speed in `models`; another machine's
+    is not."""
+    import json
+
+    from paradecode.profile import machine_key
+
+    folder = tmp_path / "models" / "mine"
+    folder.mkdir(parents=True)
+    (folder / "paradecode.json").write_text(json.dumps({"source": "mine.gguf"}))
+    (tmp_path / "profiles").mkdir()
+    for name, machine, one in [("here", machine_key(), 0.01), ("there", "another CPU", 0.5)]:
+        (tmp_path / "profiles" / f"{name}.json").write_text(json.dumps(
+            {"machine": machine, "model": f"{folder.resolve()}|Int8LlamaBackend|int8|own",
+             "seconds": {"1": one, "2": one * 1.1, "8": one * 2, "16": one * 4}}))
+    code, out, _ = call(capsys, "models", "--cache-dir", str(tmp_path))
+    assert code == 0
+    assert "int8 speed here: one-token forward 10.0 ms (100/s), 8 tokens 2.00x one" in out
+    assert "500.0 ms" not in out and out.count("speed here") == 1
+
+
+def test_each_builtin_default_dtype_is_one_whose_shipped_quality_passes(tmp_path):
+    """A built-in model's default dtype other than fp32 is backed by a shipped `paradecode quality` record within
+    the 1% perplexity bar (a default set without a measurement, or one that failed it, fails here)."""
+    from paradecode.models import BUILTIN_MODELS
+    from paradecode.quality import known
+
+    for name, builtin in BUILTIN_MODELS.items():
+        if builtin.default_dtype != "fp32":
+            record = known(tmp_path, name)[builtin.default_dtype]  # tmp_path: no figures measured here
+            assert record["passes_bar"] and record["perplexity_change"] <= 0.01, name
+
+
 def test_methods_lists_registered_methods(capsys):
     code, out, _ = call(capsys, "methods")
     assert code == 0

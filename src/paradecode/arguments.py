@@ -100,8 +100,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> 
     parser.add_argument("--model", "-m", default=default_model, type=model_name("--model"),
                         help=f"built-in name, .gguf file or HF model directory (default: {default_model})")
     parser.add_argument("--backend", default="auto", choices=("auto", "llama", "hf"),
-                        help="auto: our transformer for Llama, Mistral, Qwen2 and Qwen3 checkpoints, transformers "
-                             "otherwise")
+                        help="auto: our transformer for Llama, Mistral, Qwen2, Qwen3 and Gemma-3 checkpoints, "
+                             "transformers otherwise")
     from paradecode.api import DTYPES
 
     parser.add_argument("--dtype", default="auto", choices=DTYPES,

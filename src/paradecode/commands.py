@@ -190,6 +190,7 @@ def generate_sampling(args: argparse.Namespace, model) -> tuple[SamplingConfig, 
 def run_models(args: argparse.Namespace) -> int:
     from paradecode import quality
     from paradecode.models import cache_root, cached_models, default_dtype
+    from paradecode.profile import kept_curves
 
     for row in cached_models(args.cache_dir):
         state = f"cached, {row['size_mb']:.0f} MB" if row["cached"] else "not cached yet (converted on first use)"
@@ -203,6 +204,14 @@ def run_models(args: argparse.Namespace) -> int:
                 print(f"{'':<28} {dtype}: perplexity {q['perplexity']:.3f} vs fp32 {q['reference_perplexity']:.3f} "
                       f"({100 * q['perplexity_change']:+.2f}%), top-1 agreement with fp32 "
                       f"{100 * q['top1_agreement']:.1f}% ({q['tokens']} tokens of {q['texts']} human-written texts)")
+        curves = kept_curves(cache_root(args.cache_dir), row["path"]) if row["cached"] else {}
+        for dtype, (curve, when) in sorted(curves.items()):
+            one, wide = curve[min(curve)], max(t for t in curve if t <= 8)
+            day = time.strftime("%Y-%m-%d", time.localtime(when))
+            print(f"{'':<28} {dtype} speed here: one-token forward {1000 * one:.1f} ms ({1 / one:.0f}/s), {wide} tokens "
+                  f"{curve[wide] / one:.2f}x one (measured on this machine {day} by a cost-aware method's first run)")
+        if row["cached"] and not curves:
+            print(f"{'':<28} speed here: not measured yet (the first `--method auto` run measures it)")
     return 0
 
 

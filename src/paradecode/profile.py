@@ -127,6 +127,25 @@ def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int]
     return curve
 
 
+def kept_curves(cache_root: Path, model_dir: str | Path) -> dict[str, tuple[dict[int, float], float]]:
+    """The cost curves ``cached_curve`` kept for the model in ``model_dir`` on this machine, the newest per dtype:
+    dtype -> ({T: seconds per forward}, when it was measured as a POSIX time); what ``paradecode models`` shows as
+    the model's speed here."""
+    prefix = f"{Path(model_dir).resolve()}|"
+    folder = cache_root / "profiles"
+    found: dict[str, tuple[dict[int, float], float]] = {}
+    for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            if record["machine"] != machine_key() or not record["model"].startswith(prefix):
+                continue
+            dtype = record["model"][len(prefix):].split("|")[1]  # model key: folder|backend|dtype|kernels
+            found[dtype] = {int(t): float(s) for t, s in record["seconds"].items()}, path.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            continue  # another writer's half-written or foreign file
+    return found
+
+
 def relative(curve: dict[int, float]) -> dict[int, float]:
     """The curve divided by its one-token time."""
     return {t: s / curve[min(curve)] for t, s in sorted(curve.items())}

@@ -366,9 +366,9 @@ class Int8LlamaBackend(LlamaBackend):
 
 
 def int8_state(model_dir: Path, calibration: Sequence[Sequence[int]], cache: Path) -> dict[str, torch.Tensor]:
-    """The int8 quantization of a Llama checkpoint folder (``Int8LlamaBackend.export_state``), kept in ``cache``
-    after the first load (calibration and the weight clipping search take ~20 s, reading them back well under a
-    second)."""
+    """The int8 quantization of a Llama-family checkpoint folder (``Int8LlamaBackend.export_state``), kept in
+    ``cache`` after the first load (calibration and the weight clipping search take ~20 s per 100M parameters,
+    reading them back well under a second)."""
     from safetensors.torch import load_file, save_file
 
     weights = model_dir / "model.safetensors"
@@ -377,7 +377,8 @@ def int8_state(model_dir: Path, calibration: Sequence[Sequence[int]], cache: Pat
     path = cache / "int8" / f"{model_dir.name}-{key}.safetensors"
     if path.is_file():
         return load_file(path)
-    print(f"paradecode: quantizing {model_dir.name} to int8 (calibration and weight clipping, once, ~20 s) ...",
+    print(f"paradecode: quantizing {model_dir.name} to int8 (calibration and weight clipping, once: about 20 s per "
+          "100M parameters) ...",
           file=sys.stderr, flush=True)
     longest = max((len(ids) for ids in calibration), default=1)  # the calibration pass's cache, no longer
     state = Int8LlamaBackend.from_pretrained(model_dir, longest, calibration=calibration, native=False).export_state()
@@ -387,7 +388,7 @@ def int8_state(model_dir: Path, calibration: Sequence[Sequence[int]], cache: Pat
         save_file(state, staging)
         staging.replace(path)
     except OSError:
-        pass  # a read-only cache only costs the next load the same ~20 s
+        pass  # a read-only cache only costs the next load the same quantization
     return state
 
 

@@ -126,17 +126,27 @@ def test_qk_norm_changes_the_logits():
     assert not torch.allclose(backend.forward(ids).logits, before, atol=1e-3)
 
 
-@pytest.mark.parametrize("architecture", ["mistral", "gemma3_text"])
+WINDOWED = {"mistral": lambda: tiny_model("mistral"), "gemma3_text": lambda: tiny_model("gemma3_text"),
+            "qwen2": lambda: transformers.AutoModelForCausalLM.from_config(transformers.Qwen2Config(
+                **TINY, use_sliding_window=True, sliding_window=8, max_window_layers=1)).eval()}
+
+
+@pytest.mark.parametrize("architecture", sorted(WINDOWED))
 def test_the_sliding_window_binds_in_both_forwards(architecture):
     """Rows within the window of the start give what a forward without windows gives, rows past it do not; the
     native int8 forward and the PyTorch one drop the same slots (a forward that ignored its window would agree
-    with the unwindowed one everywhere)."""
-    model = tiny_model(architecture)
+    with the unwindowed one everywhere), and fp32 agrees with transformers past the window."""
+    torch.manual_seed(0)
+    model = WINDOWED[architecture]()
     shape = LlamaShape.from_config(model.config.to_dict())
+    assert any(shape.windows) and min(w for w in shape.windows if w) < 40
     unbound = replace(shape, windows=tuple(None if w is None else 10**6 for w in shape.windows))  # RoPE kept
     window = min(w for w in shape.windows if w is not None)
     ids = tokens(40, seed=7)
     state = model.state_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(LlamaBackend(shape, state, 64).forward(ids).logits, model(ids[None]).logits[0],
+                                   atol=1e-4, rtol=0)
     int8 = Int8LlamaBackend(shape, state, 64, calibration=CALIBRATION, native=False)
     pairs = [(LlamaBackend(shape, state, 64), LlamaBackend(unbound, state, 64))]
     for on in (False, True) if native.enabled() else (False,):  # int8 on the PyTorch forward, then the native one
@@ -150,7 +160,6 @@ def test_the_sliding_window_binds_in_both_forwards(architecture):
 
 @pytest.mark.parametrize("config,message", [
     (dict(model_type="gemma2"), "llama, mistral, qwen2, qwen3, gemma3_text checkpoints, not model_type 'gemma2'"),
-    (dict(model_type="qwen2", use_sliding_window=True), "use_sliding_window is not supported"),
     (dict(model_type="llama", hidden_act="gelu"), "SiLU MLP and Gemma's tanh-GELU MLP only"),
     (dict(model_type="gemma3_text", final_logit_softcapping=30.0), "final_logit_softcapping=30.0 is not supported"),
 ])

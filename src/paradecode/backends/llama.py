@@ -33,7 +33,8 @@ DEFAULT_MAX_LENGTH = 4096  # cap on the preallocated cache when the caller does 
 
 
 # The architectures the Llama forward runs, as transformers' config.json names them (model_type), and what each
-# changes: Mistral is Llama's layout with a sliding window on every layer; Qwen2 adds biases to q, k and v (not o);
+# changes: Mistral is Llama's layout with a sliding window on every layer; Qwen2 adds biases to q, k and v (not o)
+# and, with use_sliding_window, windows on the layers from max_window_layers on;
 # Qwen3 normalizes each query and key head (RMSNorm over head_dim) before RoPE; Gemma-3 (its text model) adds to
 # Qwen3's norms a norm after the attention and after the MLP, scales the embeddings by sqrt(hidden size), multiplies
 # by (1 + w) in every norm, gates its MLP with tanh-approximated GELU, scales scores by query_pre_attn_scalar^-0.5,
@@ -95,8 +96,6 @@ class LlamaShape:
         for key in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"):
             if config.get(key):
                 raise ValueError(f"{architecture} with {key}={config[key]!r} is not supported")
-        if architecture in ("qwen2", "qwen3") and config.get("use_sliding_window"):
-            raise ValueError(f"{architecture} with use_sliding_window is not supported (sliding-window layers)")
         parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
         local_rope = None
         if gemma:  # one RoPE per layer type
@@ -109,9 +108,11 @@ class LlamaShape:
         windows: tuple[int | None, ...] = ()
         if architecture == "mistral" and window:
             windows = (window,) * num_layers
-        elif gemma:
+        elif gemma or config.get("use_sliding_window"):  # Qwen2/3: the layers from max_window_layers on
             types = config.get("layer_types") or [
-                "full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+                ("full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention")
+                if gemma else ("sliding_attention" if i >= config.get("max_window_layers", num_layers)
+                               else "full_attention")
                 for i in range(num_layers)]
             windows = tuple(window if kind == "sliding_attention" else None for kind in types)
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads

@@ -108,13 +108,8 @@ class LlamaShape:
         windows: tuple[int | None, ...] = ()
         if architecture == "mistral" and window:
             windows = (window,) * num_layers
-        elif gemma or config.get("use_sliding_window"):  # Qwen2/3: the layers from max_window_layers on
-            types = config.get("layer_types") or [
-                ("full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention")
-                if gemma else ("sliding_attention" if i >= config.get("max_window_layers", num_layers)
-                               else "full_attention")
-                for i in range(num_layers)]
-            windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+        elif gemma or config.get("use_sliding_window"):
+            windows = tuple(window if kind == "sliding_attention" else None for kind in _layer_types(config))
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
         return cls(
             vocab_size=config["vocab_size"],
@@ -141,6 +136,20 @@ class LlamaShape:
             attention_scale=config.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else None,
             architecture=architecture,
         )
+
+
+def _layer_types(config: Mapping[str, Any]) -> list[str]:
+    """Each layer's attention, "sliding_attention" or "full_attention": as ``layer_types`` says (transformers v5),
+    else as older configs imply it (Gemma-3: every ``sliding_window_pattern``-th layer full; Qwen2/3 with
+    use_sliding_window: the layers from ``max_window_layers`` on sliding)."""
+    layers = config["num_hidden_layers"]
+    if config.get("layer_types"):
+        return list(config["layer_types"])
+    if config.get("model_type") == "gemma3_text":
+        pattern = config.get("sliding_window_pattern", 6)
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    first = config.get("max_window_layers", layers)
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
 
 
 def _rope(parameters: Mapping[str, Any], theta: float) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The Llama forward runs Llama (with Llama-3 rope scaling), Mistral, Qwen2, Qwen3 and Gemma-3 checkpoints: fp32
-logits agree with transformers, the native int8 forward gives every row what its one-token pass gives (prefill, chain and
-tree), and every method equals ``ar`` on it. Each architecture is a tiny random model built here, loaded from a
-saved Hugging Face folder."""
+logits agree with transformers, the native int8 forward gives every row what its one-token pass gives (prefill,
+chain and tree), and every method equals ``ar`` on it. Each architecture is a tiny random model built here, loaded
+from a saved Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ CONFIGS = {
     # Qwen3's head_dim is its own (here 32 with 4 heads over a hidden size of 64, as Qwen3-0.6B's 128 x 16 > 1024)
     "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=32),
     # a sliding layer (its own RoPE base) then a full one; a score scale other than head_dim^-0.5
-    "gemma3_text": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(**TINY, head_dim=32, sliding_window=8,
+                                                         query_pre_attn_scalar=24,
                                                          layer_types=["sliding_attention", "full_attention"]),
 }
 CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]

@@ -208,8 +208,9 @@ def run_models(args: argparse.Namespace) -> int:
         for dtype, (curve, when) in sorted(curves.items()):
             one, wide = curve[min(curve)], max(t for t in curve if t <= 8)
             day = time.strftime("%Y-%m-%d", time.localtime(when))
-            print(f"{'':<28} {dtype} speed here: one-token forward {1000 * one:.1f} ms ({1 / one:.0f}/s), {wide} tokens "
-                  f"{curve[wide] / one:.2f}x one (measured on this machine {day} by a cost-aware method's first run)")
+            print(f"{'':<28} {dtype} speed here: one-token forward {1000 * one:.1f} ms ({1 / one:.0f}/s), "
+                  f"{wide} tokens {curve[wide] / one:.2f}x one (measured on this machine {day} by a cost-aware "
+                  "method's first run)")
         if row["cached"] and not curves:
             print(f"{'':<28} speed here: not measured yet (the first `--method auto` run measures it)")
     return 0

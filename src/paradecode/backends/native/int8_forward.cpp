@@ -69,7 +69,8 @@ class Int8Forward {
     TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == hd_),
                 "q_norm and k_norm must both be empty or both [head_dim]");
     const int64_t d = embed_.size(1);
-    TORCH_CHECK(post_attn_norm.numel() == post_mlp_norm.numel() && (post_attn_norm.numel() == 0 || post_attn_norm.numel() == d),
+    TORCH_CHECK(post_attn_norm.numel() == post_mlp_norm.numel() &&
+                    (post_attn_norm.numel() == 0 || post_attn_norm.numel() == d),
                 "post_attn_norm and post_mlp_norm must both be empty or both [hidden]");
     TORCH_CHECK(window >= 0, "a window is a count of slots, or 0 for none");
     TORCH_CHECK(cos.numel() == sin.numel() && (cos.numel() == 0 || (cos.dim() == 2 && cos.size(1) == hd_ &&
@@ -441,11 +442,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Int8Forward>(m, "Int8Forward")
       .def(py::init<int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                     at::Tensor, int64_t, double, bool>(),
-           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("embed"), py::arg("norm"),
-           py::arg("cos"), py::arg("sin"), py::arg("values"), py::arg("keys_t"), py::arg("page"), py::arg("scale") = 0.0,
-           py::arg("gelu") = false)
-      .def("add_layer", &Int8Forward::add_layer, py::arg("attn_norm"), py::arg("mlp_norm"), py::arg("qkv"), py::arg("o"),
-           py::arg("gate_up"), py::arg("down"), py::arg("q_norm"), py::arg("k_norm"),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("embed"),
+           py::arg("norm"), py::arg("cos"), py::arg("sin"), py::arg("values"), py::arg("keys_t"), py::arg("page"),
+           py::arg("scale") = 0.0, py::arg("gelu") = false)
+      .def("add_layer", &Int8Forward::add_layer, py::arg("attn_norm"), py::arg("mlp_norm"), py::arg("qkv"),
+           py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("q_norm"), py::arg("k_norm"),
            py::arg("post_attn_norm") = py::none(), py::arg("post_mlp_norm") = py::none(), py::arg("window") = 0,
            py::arg("cos") = py::none(), py::arg("sin") = py::none())
       .def("set_head", &Int8Forward::set_head)

@@ -184,9 +184,9 @@ class Model:
     def _measured_cost_curve(self) -> dict[int, float]:
         if self._cost_curve is None:
             from paradecode.models import cache_root
-            from paradecode.profile import cached_curve, relative
+            from paradecode.profile import cached_curve, model_key, relative
 
-            key = f"{self.model_dir.resolve()}|{type(self.backend).__name__}|{self.dtype}|{self.backend.kernels}"
+            key = model_key(self.model_dir, self.backend)
             self._cost_curve = relative(cached_curve(self.backend, cache_root(self.cache_dir), key))
         return self._cost_curve
 

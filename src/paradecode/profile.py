@@ -109,13 +109,23 @@ def measure_stages(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT
     return stages
 
 
+def model_key(model_dir: str | Path, backend) -> str:
+    """What a kept curve is measured for: ``folder|backend class|dtype|kernels`` (``kept_curves`` reads it back)."""
+    return f"{Path(model_dir).resolve()}|{type(backend).__name__}|{backend.dtype}|{backend.kernels}"
+
+
+def _seconds(record: dict) -> dict[int, float]:
+    """A kept record's curve: {T: seconds per forward}."""
+    return {int(t): float(s) for t, s in record["seconds"].items()}
+
+
 def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> dict[int, float]:
     """This machine's curve for ``model_key`` (model and dtype), measured once and kept in the cache."""
     key = hashlib.sha256(f"{machine_key()}|{model_key}|{list(sizes)}".encode()).hexdigest()[:16]
     path = cache_root / "profiles" / f"{key}.json"
     if path.is_file():
         try:
-            return {int(t): float(s) for t, s in json.loads(path.read_text())["seconds"].items()}
+            return _seconds(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
     curve = measure_curve(backend, sizes, repeats=5)
@@ -139,8 +149,8 @@ def kept_curves(cache_root: Path, model_dir: str | Path) -> dict[str, tuple[dict
             record = json.loads(path.read_text())
             if record["machine"] != machine_key() or not record["model"].startswith(prefix):
                 continue
-            dtype = record["model"][len(prefix):].split("|")[1]  # model key: folder|backend|dtype|kernels
-            found[dtype] = {int(t): float(s) for t, s in record["seconds"].items()}, path.stat().st_mtime
+            dtype = record["model"][len(prefix):].split("|")[1]  # model_key: folder|backend|dtype|kernels
+            found[dtype] = _seconds(record), path.stat().st_mtime
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
             continue  # another writer's half-written or foreign file
     return found

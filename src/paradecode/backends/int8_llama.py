@@ -178,7 +178,7 @@ class Int8LlamaBackend(LlamaBackend):
         values = torch.zeros(s.num_layers, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
         keys_t = torch.zeros(s.num_layers, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
         stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps, self._embed, self._norm,
-                                   self._cos, self._sin, values, keys_t, PAGE, scale=s.attention_scale or 0.0,
+                                   *self._rope_tables[0], values, keys_t, PAGE, scale=s.attention_scale or 0.0,
                                    gelu=s.activation == "gelu_tanh")
         none = torch.empty(0)  # a layer without per-head q/k norms
         for index, layer in enumerate(self._layers):

@@ -303,7 +303,6 @@ class LlamaBackend(SlotCache):
         # pair where the windowed layers have a RoPE of their own (Gemma-3), and each layer's index into them.
         self._rope_tables = [self._rope_table(shape, rope, dtype) for rope in (shape.rope, shape.local_rope) if rope]
         self._rope_of = [int(shape.layer_rope(i) is not shape.rope) for i in range(shape.num_layers)]
-        self._cos, self._sin = self._rope_tables[0]
 
     def _rope_table(self, shape: LlamaShape, rope: Mapping[str, Any], dtype: torch.dtype):
         """(cos [P, hd], sin [P, hd]) of ``rope`` for every position of the cache."""

@@ -26,11 +26,16 @@ CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
 # scored in bands of four and two.
 SHAPES = {"narrow": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
           "wide": dict(hidden_size=144, num_attention_heads=2, num_key_value_heads=1, intermediate_size=100),
-          "grouped": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=1, intermediate_size=64)}
+          "grouped": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=1, intermediate_size=64),
+          # every k a multiple of 64, so the AMX kernel is offered where the CPU has it; 72 logits leave a partial
+          # block of 8 columns
+          "tiles": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=192,
+                        vocab_size=72)}
 
 
 def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
-    return shaped_llama(seed, SHAPES[shape], VOCAB)
+    dims = dict(SHAPES[shape])
+    return shaped_llama(seed, dims, dims.pop("vocab_size", VOCAB))
 
 
 def int8_backend(seed: int = 0, shape: str = "wide") -> Int8LlamaBackend:
@@ -49,14 +54,15 @@ def test_the_native_kernels_build_and_the_int8_backend_uses_them():
 
 KERNEL_CHOICES = {  # bucket -> GEMM kernel: each kernel alone, and one where every pass size uses another
     "own": dict.fromkeys(BUCKETS, "own"), "fbgemm": dict.fromkeys(BUCKETS, "fbgemm"),
-    "int_mm": dict.fromkeys(BUCKETS, "int_mm"), "mixed": dict(one="int_mm", verify="own", prefill="fbgemm")}
+    "int_mm": dict.fromkeys(BUCKETS, "int_mm"), "mixed": dict(one="int_mm", verify="own", prefill="fbgemm"),
+    "amx": dict.fromkeys(BUCKETS, "amx"), "mixed-amx": dict(one="own", verify="amx", prefill="amx")}
 
 
 def use_kernels(backend: Int8LlamaBackend, choice: str) -> None:
     wanted = KERNEL_CHOICES[choice]
     missing = set(wanted.values()) - set(backend.available_kernels())
     if missing:
-        pytest.skip(f"this machine offers no {', '.join(sorted(missing))} kernel")
+        pytest.skip(f"this machine offers no {', '.join(sorted(missing))} kernel for this model")
     backend.use_kernels(wanted)
 
 
@@ -121,15 +127,25 @@ def test_native_and_pytorch_int8_forwards_compute_the_same_model(monkeypatch):
                                             ("lookahead", {})])
 @pytest.mark.parametrize("kernels", sorted(KERNEL_CHOICES))
 def test_methods_equal_ar_on_the_native_forward(method, options, kernels):
-    backend = int8_backend(9)
+    backend = int8_backend(9, "tiles" if "amx" in kernels else "wide")  # a model the AMX kernel fits
     reference, _ = run(backend, "ar", tokens(20, seed=10).tolist() * 2, max_new_tokens=40)  # the chosen kernels
     use_kernels(backend, kernels)
     output, _ = run(backend, method, tokens(20, seed=10).tolist() * 2, max_new_tokens=40, **options)
     assert output == reference
 
 
-def test_every_kernel_gives_the_same_logits():
-    backend = int8_backend(5, "grouped")
+def test_amx_cpus_offer_the_amx_kernel_for_models_that_fit_its_tiles():
+    """Built for an AMX CPU, the native pass offers the tile kernel (a build or a permission check that dropped it
+    silently would fail here), and only for weights whose every k is a multiple of 64."""
+    if "amx_int8" not in native.cpu_flags().split():
+        pytest.skip("this CPU has no AMX-INT8")
+    assert "amx" in int8_backend(5, "tiles").available_kernels()
+    assert "amx" not in int8_backend(5, "wide").available_kernels()  # k of 144
+
+
+@pytest.mark.parametrize("shape", ["grouped", "tiles"])
+def test_every_kernel_gives_the_same_logits(shape):
+    backend = int8_backend(5, shape)
     ids = tokens(40, seed=4)
     logits = {}
     for kernel in backend.available_kernels():

@@ -32,11 +32,13 @@ TARGETS = {
     "sapphirerapids": "vpdpbusd",
     "znver4": "vpdpbusd",
 }
+AMX_TARGETS = {"sapphirerapids"}  # targets with AMX-INT8 tiles: gemm_amx.h's kernel is compiled in
 # the 4-bit GEMM (gemm_q4.h) uses vpdpbusd with AVX512-VNNI only; AVX-VNNI targets take its AVX2 path
 Q4_TARGETS = {**TARGETS, "alderlake": "vpmaddubsw"}
 SOURCE = """
 #include "attention.h"
 #include "gemm.h"
+#include "gemm_amx.h"
 #include "gemm_q4.h"
 namespace paradecode {
 extern "C" __attribute__((noinline, flatten)) void check_scores(const LayerCache& c, const int32_t* p, const float* const* q,
@@ -49,6 +51,10 @@ extern "C" __attribute__((noinline, flatten)) void check_values(const LayerCache
 }
 extern "C" __attribute__((noinline, flatten)) void check_gemm(const PackedInt8& w, const int8_t* q, int32_t* sums) {
   gemm_tile<4, 4>(w, 0, q, 64, 0, w.kq, sums);
+}
+extern "C" __attribute__((noinline, flatten)) void check_amx(const PackedInt8& w, const int8_t* q, const int32_t* s,
+                                                              int64_t rows, float* y, int64_t b1, float* spill) {
+  amx_gemm(w, q, 64, s, rows, y, 64, 0, b1, spill);
 }
 extern "C" __attribute__((noinline, flatten)) void check_q4(const PackedQ4& w, const Q4Rows& x, float* acc) {
   q4_tile<4, 4>(w, 0, 1, x, acc);
@@ -113,3 +119,16 @@ def test_the_4bit_gemm_uses_the_targets_integer_dot_product_and_packed_float_ste
     assert len(PACKED_FMA.findall(body)) >= 16, f"{march}: the 4-bit tile's per-group float steps are not packed"
     assert not SCALAR_FMA.findall(body), f"{march}: the 4-bit tile's float steps run lane by lane"
     assert body.count("imul") <= 4, f"{march}: the 4-bit tile multiplies scalars (beyond a few for addresses)"
+
+
+def test_the_amx_kernel_is_there_on_amx_targets_with_packed_conversions(target):
+    """On an AMX target the tile kernel multiplies with tdpbsud and turns its int32 sums into floats 16 at a time
+    (a scalar conversion loop cost more than the tiles' multiplies); elsewhere it compiles to nothing."""
+    march, assembly = target
+    body = function(assembly, "check_amx")
+    if march not in AMX_TARGETS:
+        assert "tdpbsud" not in body and "ldtilecfg" not in body, f"{march}: tile instructions without AMX"
+        return
+    assert "tdpbsud" in body and "ldtilecfg" in body and "tilerelease" in body, f"{march}: no AMX tile kernel"
+    assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", body), f"{march}: the AMX sums are not converted 16 at a time"
+    assert not re.search(r"\bvcvtsi2ss", body), f"{march}: the AMX sums are converted one by one"

@@ -27,7 +27,7 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("int8_forward.cpp")
-HEADERS = ("lanes.h", "projection.h", "gemm.h", "gemm_q4.h", "attention.h")  # included by SOURCE; part of the build key
+HEADERS = ("lanes.h", "projection.h", "gemm.h", "gemm_amx.h", "gemm_q4.h", "attention.h")  # included by SOURCE; part of the build key
 # -ffp-contract=off: no fused multiply-adds chosen by the compiler, so a loop's vectorized body and its scalar
 # tail round alike (the per-row exactness of the forward must not depend on where a row starts in memory).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
@@ -90,7 +90,7 @@ def check(key: str, build_dir: str, source: str) -> None:
 
     module = _compile(key, Path(build_dir), Path(source))
     torch.manual_seed(0)
-    d, hd, heads, kv, inter, vocab, slots = 32, 16, 2, 1, 48, 11, 20
+    d, hd, heads, kv, inter, vocab, slots = 64, 32, 2, 1, 64, 11, 20  # k of 64: the AMX kernel runs too
 
     def projection(n: int, k: int, precise: bool = False) -> tuple:
         return torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5, None, None, precise

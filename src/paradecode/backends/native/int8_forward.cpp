@@ -86,14 +86,16 @@ class Int8Forward {
   // The kernels this build and these weights offer (fbgemm only where PyTorch could prepack every weight).
   std::vector<std::string> kernels() const {
     std::vector<std::string> out = {kKernelNames[kOwn]};
-    bool fbgemm = static_cast<bool>(head_.packed), int8 = !head_.is_q4();
+    bool fbgemm = static_cast<bool>(head_.packed), int8 = !head_.is_q4(), amx = amx_ready() && amx_fits(head_.k);
     for (const auto& layer : layers_)
       for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
         fbgemm &= static_cast<bool>(p->packed);
         int8 &= !p->is_q4();
+        amx &= amx_fits(p->k);
       }
     if (fbgemm) out.push_back(kKernelNames[kFbgemm]);
     if (int8) out.push_back(kKernelNames[kIntMm]);  // torch._int_mm has no 4-bit form
+    if (int8 && amx) out.push_back(kKernelNames[kAmx]);  // AMX tiles: int8 weights whose k fits whole tile steps
     return out;
   }
 

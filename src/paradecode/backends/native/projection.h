@@ -1,6 +1,6 @@
-// One int8 projection of the native forward: per-token quantization, an exact int8 GEMM (paradecode's own,
-// fbgemm's prepacked or torch._int_mm: the kernel is chosen per pass-size bucket by timing at load, and all three
-// give the same bits), dequantization into the output; and the stage clock of `paradecode profile --stages`.
+// One int8 projection of the native forward: per-token quantization, an exact int8 GEMM (paradecode's own, its
+// AMX tile form, fbgemm's prepacked or torch._int_mm: the kernel is chosen per pass-size bucket by timing at load,
+// and all of them give the same bits), dequantization into the output; and the stage clock of `paradecode profile --stages`.
 #pragma once
 
 #include <torch/extension.h>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_amx.h"
 #include "gemm_q4.h"
 #include "lanes.h"
 
@@ -45,8 +46,8 @@ struct Clock {
 
 // The GEMM kernels; a pass of T new tokens uses the one chosen for its bucket (one token, a verify width up to
 // kVerifyRows, a longer pass such as a prefill).
-enum Kernel { kOwn, kFbgemm, kIntMm, kKernelCount };
-const char* const kKernelNames[kKernelCount] = {"own", "fbgemm", "int_mm"};
+enum Kernel { kOwn, kFbgemm, kIntMm, kAmx, kKernelCount };
+const char* const kKernelNames[kKernelCount] = {"own", "fbgemm", "int_mm", "amx"};
 constexpr int64_t kVerifyRows = 16;
 constexpr int64_t kDequantizeGrain = 1 << 15;  // outputs per thread's share of a dequantization, at least
 constexpr int kBuckets = 3;
@@ -188,6 +189,17 @@ struct Projection {
       for (int64_t r = 0; r < rows; ++r) std::copy(&ws.q[r * row_bytes()], &ws.q[r * row_bytes()] + k, dst + r * k);
       at::Tensor out = at::from_blob(ws.y.data(), {rows, n}, at::kFloat);
       out.copy_(at::_int_mm(q8, weight_t).to(at::kFloat).mul_(scale));
+    } else if (kernel == kAmx) {
+      const int64_t stride = row_bytes();
+      if (static_cast<int64_t>(ws.q.size()) < amx_padded_rows(rows) * stride) ws.q.resize(amx_padded_rows(rows) * stride);
+      const PackedInt8 w = own_weights();
+      const int8_t* q = ws.q.data();
+      const int32_t* rowsum = ws.rowsum.data();
+      float* y = ws.y.data();
+      parallel_blocks(w.blocks, rows <= kAmxRows ? 4 : 2, [&](int64_t b0, int64_t b1) {
+        float spill[kMaxTileRows * kBlockCols];
+        amx_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
+      });
     } else {
       const PackedInt8 w = own_weights();
       const int8_t* q = ws.q.data();

@@ -56,6 +56,13 @@ extern "C" __attribute__((noinline, flatten)) void check_amx(const PackedInt8& w
                                                               int64_t rows, float* y, int64_t b1, float* spill) {
   amx_gemm(w, q, 64, s, rows, y, 64, 0, b1, spill);
 }
+#ifdef PARADECODE_AMX
+extern "C" __attribute__((noinline, flatten)) void check_amx_tiles(const PackedInt8& w, const int8_t* q, const int32_t* s,
+                                                                    int64_t rows, float* y) {
+  amx_one_tile<4>(w, 0, q, 64, s, rows, y, 64);
+  amx_two_tiles<2>(w, 0, q, 64, s, rows, y, 64);
+}
+#endif
 extern "C" __attribute__((noinline, flatten)) void check_q4(const PackedQ4& w, const Q4Rows& x, float* acc) {
   q4_tile<4, 4>(w, 0, 1, x, acc);
 }
@@ -128,7 +135,10 @@ def test_the_amx_kernel_is_there_on_amx_targets_with_packed_conversions(target):
     body = function(assembly, "check_amx")
     if march not in AMX_TARGETS:
         assert "tdpbsud" not in body and "ldtilecfg" not in body, f"{march}: tile instructions without AMX"
+        assert "\ncheck_amx_tiles:" not in assembly, f"{march}: the AMX kernel is compiled in"
         return
     assert "tdpbsud" in body and "ldtilecfg" in body and "tilerelease" in body, f"{march}: no AMX tile kernel"
-    assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", body), f"{march}: the AMX sums are not converted 16 at a time"
-    assert not re.search(r"\bvcvtsi2ss", body), f"{march}: the AMX sums are converted one by one"
+    tiles = function(assembly, "check_amx_tiles")
+    assert tiles.count("tdpbsud") >= 8, f"{march}: the tile shapes do not multiply with tdpbsud"
+    assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the AMX sums are not converted 16 at a time"
+    assert not re.search(r"\bvcvtsi2ss", tiles), f"{march}: the AMX sums are converted one by one"

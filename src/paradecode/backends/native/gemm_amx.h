@@ -36,6 +36,10 @@ namespace paradecode {
 constexpr int64_t kAmxRows = 16;       // rows of an A tile
 constexpr int64_t kAmxQuads = 16;      // k quads per tile step (64 bytes of k)
 constexpr int64_t kAmxGroupRows = 32;  // rows one pass over a block set serves (two A tiles)
+// Passes of up to this many rows go to gemm.h's vector kernel: a tile multiplies 16 rows whatever the number used,
+// and streaming the weights through tile loads was slower than through vector loads for 1-4 rows (Intel Xeon with
+// AMX, one thread, 3072 x 576 weights streamed: 2 rows 4.0 vs 4.3 ms, 4 rows about equal, 8 rows 5.8 vs 4.5 ms).
+constexpr int64_t kAmxMinRows = 4;
 
 // Whether this build has the AMX kernel and the OS lets the process use the tiles.
 inline bool amx_ready() {
@@ -161,11 +165,13 @@ inline void amx_two_tiles(const PackedInt8& w, int64_t b0, const int8_t* q, int6
 }
 #endif
 
-// Blocks [b0, b1) for rows [0, rows), as int8_gemm computes them (same bits). q holds amx_padded_rows(rows) rows of
-// q_stride bytes; w.kq is a multiple of 16 (amx_fits); `spill` holds 16 * kMaxTileRows floats.
+// Blocks [b0, b1) for rows [0, rows), as int8_gemm computes them (same bits; up to kAmxMinRows rows it is
+// int8_gemm). q holds amx_padded_rows(rows) rows of q_stride bytes; w.kq is a multiple of 16 (amx_fits); `spill`
+// holds 16 * kMaxTileRows floats.
 inline void amx_gemm(const PackedInt8& w, const int8_t* q, int64_t q_stride, const int32_t* rowsum, int64_t rows,
                      float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill) {
 #ifdef PARADECODE_AMX
+  if (rows <= kAmxMinRows) return int8_gemm(w, q, q_stride, rowsum, rows, y, y_stride, b0, b1, spill);
   amx_configure();
   if (rows <= kAmxRows) {
     for_blocks<4>(w.n, rows, y, y_stride, b0, b1, spill, [&](auto nb, int64_t b, float* out, int64_t stride) {

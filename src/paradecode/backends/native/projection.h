@@ -1,6 +1,7 @@
 // One int8 projection of the native forward: per-token quantization, an exact int8 GEMM (paradecode's own, its
 // AMX tile form, fbgemm's prepacked or torch._int_mm: the kernel is chosen per pass-size bucket by timing at load,
-// and all of them give the same bits), dequantization into the output; and the stage clock of `paradecode profile --stages`.
+// and all of them give the same bits), dequantization into the output; and the stage clock of `paradecode profile
+// --stages`.
 #pragma once
 
 #include <torch/extension.h>
@@ -191,7 +192,8 @@ struct Projection {
       out.copy_(at::_int_mm(q8, weight_t).to(at::kFloat).mul_(scale));
     } else if (kernel == kAmx) {
       const int64_t stride = row_bytes();
-      if (static_cast<int64_t>(ws.q.size()) < amx_padded_rows(rows) * stride) ws.q.resize(amx_padded_rows(rows) * stride);
+      const int64_t readable = amx_padded_rows(rows) * stride;  // the tiles load whole groups of rows
+      if (static_cast<int64_t>(ws.q.size()) < readable) ws.q.resize(readable);
       const PackedInt8 w = own_weights();
       const int8_t* q = ws.q.data();
       const int32_t* rowsum = ws.rowsum.data();

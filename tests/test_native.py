@@ -77,10 +77,14 @@ def test_every_row_equals_its_one_token_pass_to_the_bit(shape, kernels):
     assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
 
 
-def test_a_long_pass_is_exact_too_and_may_skip_the_lm_head():
+@pytest.mark.parametrize("kernels", ["chosen", "amx"])
+def test_a_long_pass_is_exact_too_and_may_skip_the_lm_head(kernels):
     """A 100-row pass (a prefill) gives its rows what shorter passes give them; a prefill whose logits nobody
-    reads skips the LM head and leaves the same cache."""
-    backend = int8_backend(7)
+    reads skips the LM head and leaves the same cache. On the AMX kernel, 100 rows (200 in the precise LM head)
+    take several 64-row chunks of two-tile groups, the last one partial."""
+    backend = int8_backend(7, "tiles" if kernels == "amx" else "wide")
+    if kernels == "amx":
+        use_kernels(backend, "amx")
     ids = tokens(100, seed=3)
     backend.reset()
     long_pass = backend.forward(ids).logits  # one pass of 100 rows
@@ -89,7 +93,7 @@ def test_a_long_pass_is_exact_too_and_may_skip_the_lm_head():
     assert torch.equal(long_pass[50:], backend.forward(ids[50:]).logits)  # rows 50..99 in a 50-row pass
     backend.reset()
     skipped = backend.forward(ids, return_hidden=True, logits=False)
-    assert skipped.logits is None and skipped.hidden.shape == (100, 144)
+    assert skipped.logits is None and skipped.hidden.shape == (100, backend.shape.hidden_size)
     after_skipped = backend.forward(ids[:1]).logits
     backend.reset()
     backend.forward(ids)

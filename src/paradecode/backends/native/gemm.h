@@ -200,6 +200,9 @@ constexpr int kOneRowBlocks = 4, kTileRows = 2, kTileBlocks = 2;
 constexpr int kOneRowBlocks = 1, kTileRows = 1, kTileBlocks = 1;
 #endif
 
+// Blocks per piece when a pass's column blocks are shared out over threads (a multiple of every tile's width).
+inline int64_t own_tile_blocks() { return std::max(kOneRowBlocks, kTileBlocks); }
+
 // Blocks [b0, b1) of an n-column output for `rows` rows, NB at a time and then one at a time:
 // run(std::integral_constant<int, nb>, first block, out, out_stride) computes nb blocks into out; the partial last
 // block (fewer than 16 columns) goes through `spill` (16 * kMaxTileRows floats) and only its columns are copied.

@@ -62,6 +62,12 @@ inline int64_t amx_padded_rows(int64_t rows) {
   return rows <= kAmxRows ? kAmxRows : (rows + kAmxGroupRows - 1) / kAmxGroupRows * kAmxGroupRows;
 }
 
+// Blocks per piece when a pass's column blocks are shared out over threads: what amx_gemm's tile shape for
+// `rows` takes at once (gemm.h's for the passes it hands over).
+inline int64_t amx_tile_blocks(int64_t rows) {
+  return rows <= kAmxMinRows ? own_tile_blocks() : rows <= kAmxRows ? 4 : 2;
+}
+
 #ifdef PARADECODE_AMX
 struct alignas(64) AmxConfig {
   uint8_t palette = 1;
@@ -191,8 +197,8 @@ inline void amx_gemm(const PackedInt8& w, const int8_t* q, int64_t q_stride, con
     }
   }
   _tile_release();
-#else
-  (void)w, (void)q, (void)q_stride, (void)rowsum, (void)rows, (void)y, (void)y_stride, (void)b0, (void)b1, (void)spill;
+#else  // never offered without AMX (amx_ready); the same sums by the vector kernel all the same
+  int8_gemm(w, q, q_stride, rowsum, rows, y, y_stride, b0, b1, spill);
 #endif
 }
 

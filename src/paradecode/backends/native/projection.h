@@ -190,27 +190,19 @@ struct Projection {
       for (int64_t r = 0; r < rows; ++r) std::copy(&ws.q[r * row_bytes()], &ws.q[r * row_bytes()] + k, dst + r * k);
       at::Tensor out = at::from_blob(ws.y.data(), {rows, n}, at::kFloat);
       out.copy_(at::_int_mm(q8, weight_t).to(at::kFloat).mul_(scale));
-    } else if (kernel == kAmx) {
+    } else {  // paradecode's own kernel, or its AMX tile form over the same packed weights
+      const bool amx = kernel == kAmx;
       const int64_t stride = row_bytes();
-      const int64_t readable = amx_padded_rows(rows) * stride;  // the tiles load whole groups of rows
+      const int64_t readable = amx ? amx_padded_rows(rows) * stride : 0;  // the tiles load whole groups of rows
       if (static_cast<int64_t>(ws.q.size()) < readable) ws.q.resize(readable);
       const PackedInt8 w = own_weights();
       const int8_t* q = ws.q.data();
       const int32_t* rowsum = ws.rowsum.data();
       float* y = ws.y.data();
-      parallel_blocks(w.blocks, rows <= kAmxRows ? 4 : 2, [&](int64_t b0, int64_t b1) {
+      const auto gemm = amx ? amx_gemm : int8_gemm;
+      parallel_blocks(w.blocks, amx ? amx_tile_blocks(rows) : own_tile_blocks(), [&](int64_t b0, int64_t b1) {
         float spill[kMaxTileRows * kBlockCols];
-        amx_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
-      });
-    } else {
-      const PackedInt8 w = own_weights();
-      const int8_t* q = ws.q.data();
-      const int32_t* rowsum = ws.rowsum.data();
-      float* y = ws.y.data();
-      const int64_t stride = row_bytes();
-      parallel_blocks(w.blocks, std::max(kOneRowBlocks, kTileBlocks), [&](int64_t b0, int64_t b1) {
-        float spill[kMaxTileRows * kBlockCols];
-        int8_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
+        gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
       });
     }
   }

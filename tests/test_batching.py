@@ -72,6 +72,38 @@ def test_concurrent_requests_get_exactly_their_solo_outputs(backend):
     assert batcher.pool.free == batcher.pool.pages and batcher.open_sequences == 0  # every page came back
 
 
+def test_a_lone_request_runs_its_passes_on_its_own_thread_and_joins_batches_as_others_come(backend):
+    """A sequence alone runs its passes itself (no hand-over to the batcher's thread); when others come it joins
+    their batches, and when they are gone it runs alone again: the same tokens throughout."""
+    batcher = backend.batcher(8 << 20)
+    ran_on = []
+    forward = batcher._forward
+
+    def recording(batch):
+        ran_on.append((threading.current_thread().name, len(batch)))
+        forward(batch)
+
+    batcher._forward = recording
+    job = ("pld", {}, 0.0, PROMPTS[0], 40, 0)
+    assert in_threads(batcher, [job]) == [solo(backend, *job)]
+    assert batcher._thread is None and ran_on and all(name != "paradecode-batcher" for name, _ in ran_on)
+    ran_on.clear()
+    first = ("ar", {}, 0.0, PROMPTS[0], 150, 0)
+    others = [(m, o, t, PROMPTS[i % len(PROMPTS)], 8, i) for i, (m, o, t) in enumerate(CASES[1:4], 1)]
+    outputs = []
+    alone = threading.Thread(target=lambda: outputs.extend(in_threads(batcher, [first])))
+    alone.start()
+    while len(ran_on) < 3 and alone.is_alive():  # the first request runs alone for a few steps
+        time.sleep(0.001)
+    assert in_threads(batcher, others) == [solo(backend, *job) for job in others]
+    alone.join(120)
+    assert outputs == [solo(backend, *first)]
+    shared = [i for i, (name, size) in enumerate(ran_on) if size > 1]
+    assert shared and all(ran_on[i][0] == "paradecode-batcher" for i in shared)
+    assert ran_on[-1] == (ran_on[-1][0], 1) and ran_on[-1][0] != "paradecode-batcher"  # alone again at the end
+    assert batcher.pool.free == batcher.pool.pages
+
+
 def test_sliding_window_layers_batch_exactly():
     """Each sequence's window is read from its own positions: requests on a tiny Gemma-3 (a sliding layer of 8
     slots with its own RoPE base, then a full layer), all longer than the window, get their solo outputs."""
@@ -335,8 +367,10 @@ def test_a_stopped_batcher_ends_its_thread_and_refuses_passes(backend):
     from paradecode.backends import sequences
 
     batcher = backend.batcher(8 << 20)
-    with batcher.open(64) as sequence:
-        sequence.forward(torch.arange(5) % 40)
+    with batcher.open(64) as sequence, batcher.open(64) as other:
+        sequence.forward(torch.arange(5) % 40)  # alone: on this thread
+        assert batcher._thread is None
+        other.forward(torch.arange(4) % 40)  # not alone (sequence is running): the batcher's thread runs it
         thread = batcher._thread
         assert thread.is_alive() and batcher in sequences._started
         batcher.stop()

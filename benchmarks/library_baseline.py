@@ -9,9 +9,9 @@
 Two untimed questions first (as the load test's warm-up); prints generated tokens per second over the timed
 ones. Run it on an idle machine, right after (or before) ``serve_compare.py --clients 1``.
 
-With ``--server`` the library and one streaming client of that server (``server_load.py``'s, the same requests)
-take turns, ``--rounds`` times: library, then server, on the same ``--prompts`` questions each round (the rounds
-walk through the list). Each round's server / library ratio shares the machine's drift, so the median ratio is
+With ``--server`` the library and one streaming client of that server (``server_load.py``'s, the same requests;
+``--no-stream``: whole answers) take turns, ``--rounds`` times: library, then server, on the same ``--prompts``
+questions each round (the rounds walk through the list). Each round's server / library ratio shares the machine's drift, so the median ratio is
 the figure to quote; the server's tokens come from its ``usage``. Keep the server otherwise idle.
 """
 
@@ -39,10 +39,17 @@ def library_rate(model, questions: list[str], kwargs: dict) -> float:
 
 
 async def server_rate(client, args, questions: list[str]) -> float:
-    """Generated tokens per second of one streaming client sending ``questions`` one after another."""
+    """Generated tokens per second of one client (streaming unless ``--no-stream``) sending ``questions`` one
+    after another."""
     tokens, start = 0, time.perf_counter()
     for question in questions:
-        tokens += (await server_load.one_request(client, args, question))["tokens"]
+        if args.no_stream:
+            answer = await client.chat.completions.create(
+                model=args.model, messages=[{"role": "user", "content": question}], max_tokens=args.max_tokens,
+                temperature=0, extra_body=server_load.extra_body(args))
+            tokens += answer.usage.completion_tokens
+        else:
+            tokens += (await server_load.one_request(client, args, question))["tokens"]
     return tokens / (time.perf_counter() - start)
 
 
@@ -74,7 +81,8 @@ def paired(model, kwargs: dict, args) -> int:
               file=sys.stderr)
         return 1
     ratios = [server / library for library, server in rows]
-    print(f"{args.rounds} rounds of {args.prompts} chat questions, {args.method or 'default method'}, "
+    print(f"{args.rounds} rounds of {args.prompts} chat questions ({'not ' * args.no_stream}streamed), "
+          f"{args.method or 'default method'}, "
           f"{args.max_tokens} tokens: library median {statistics.median(r[0] for r in rows):.1f} tok/s, server "
           f"median {statistics.median(r[1] for r in rows):.1f} tok/s; server / library per round: median "
           f"{statistics.median(ratios):.3f}, min {min(ratios):.2f}, max {max(ratios):.2f}")
@@ -90,6 +98,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per answer (default: 64)")
     parser.add_argument("--server", help="base URL of a running paradecode serve to pair with, round by round")
     parser.add_argument("--rounds", type=int, default=10, help="with --server: library/server pairs (default: 10)")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="with --server: the client asks for whole answers instead of streaming them")
     args = parser.parse_args()
     if not 1 <= args.prompts <= len(QUESTIONS):
         parser.error(f"--prompts must be between 1 and {len(QUESTIONS)}")

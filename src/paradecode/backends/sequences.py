@@ -282,13 +282,14 @@ class Batcher:
             p.out_logits = logits[row : row + p.rows] if p.logits else None
             p.aux = aux[row : row + p.rows] if aux is not None else None
             row += p.rows
-        self.passes += 1
-        self.rows_histogram[row] += 1
-        self.sequences_histogram[len(batch)] += 1
+        with self._cond:  # counted before any of its requests goes on: what they report afterwards includes it
+            self.passes += 1
+            self.rows_histogram[row] += 1
+            self.sequences_histogram[len(batch)] += 1
+            if self.on_pass is not None:
+                self.on_pass(row, len(batch))
         for p in batch:
             p.finished.set()
-        if self.on_pass is not None:
-            self.on_pass(row, len(batch))
 
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self._stack.move_slots(src, dst)

@@ -263,7 +263,7 @@ class Worker:
         merged with the next (each chunk wakes the event loop, renders JSON and is parsed by the client: on a
         machine with few cores that work slows the forwards). A job that does not stream gets no chunks."""
         chunks = stream.chunks()
-        reason = "cancelled"
+        reason, done = "cancelled", None
         waiting, sent_at = None, -math.inf  # the text not sent yet, and when the last chunk went out
         try:
             for chunk in chunks:
@@ -283,7 +283,7 @@ class Worker:
                 if waiting is not None:
                     job.emit(Event("delta", index=index, chunk=waiting))
                 reason = FINISH_REASONS.get(stream.result.stats.stop_reason, "stop")
-                job.emit(Event("done", index=index, result=stream.result))
+                done = Event("done", index=index, result=stream.result)
         except Exception as error:
             reason = "error"
             job.cancel()  # the job's other choices stop too: its client gets this error, not their answers
@@ -294,4 +294,6 @@ class Worker:
             chunks.close()  # a cancelled generation stops here; its cache is free for the next job
             stream.close()
             self.metrics.finished(job.method, reason, stream.run.stats, time.perf_counter() - job.arrived)
+        if done is not None:  # after the metrics: a client that reads them once answered finds its request there
+            job.emit(done)
         return reason not in ("cancelled", "error")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from paradecode.drafters import auto as auto_module
+from paradecode import kept as kept_module
 from paradecode.config import SamplingConfig
 from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.pld_tree import PromptLookupTreeDrafter
@@ -269,9 +270,35 @@ def test_an_arms_excess_is_what_its_own_steps_take_beyond_the_fitted_curve(monke
     drafter.propose(state)
     state.tokens.append(5)
     drafter.observe(state, Verdict([], [], next_token=5, bonus=False, committed_tokens=[5]))
-    assert arm.estimate.own_steps == 1  # the first own step sets the excess
-    assert arm.estimate.excess == pytest.approx(0.016 - drafter.curve.predictions(3)[-1], abs=1e-9)
-    assert arm.estimate.excess == pytest.approx(0.006, abs=0.0015)  # the step also moved the curve a little
+    assert arm.estimate.own_steps == 1  # from a prior of none, each own step moves the excess a tenth of the way
+    weight = auto_module.EXCESS_WEIGHT
+    assert arm.estimate.excess == pytest.approx(weight * (0.016 - drafter.curve.predictions(3)[-1]), abs=1e-9)
+    assert arm.estimate.excess == pytest.approx(weight * 0.006, abs=weight * 0.0015)  # the curve moved a little
+
+
+def test_a_preempted_step_counts_as_a_few_modelled_steps_whatever_the_arm_did_before(monkeypatch):
+    """A step that took 1 s (the process was descheduled) against a fitted 10 ms: it counts as at most OUTLIER
+    times its drafting plus the fitted step, and moves the arm's excess by at most a tenth of a fitted step. (The
+    bound was the arm's fastest step ever: for a new arm that is this step, counted in full; and an excess set by
+    a first slow step priced every later peek of an arm that seldom runs, such as plain decoding.)"""
+    drafter = started({"candidates": "ar,pld"}, {})
+    for _ in range(10):
+        drafter.curve.add(1, 0.010)
+    ticks = iter([0.0, 0.001, 1.001])  # propose: start, drafted (1 ms); observe: end
+    monkeypatch.setattr(auto_module.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(drafter, "_choose", lambda: ("ar", "best"))
+    drafter.probing = False
+    state = DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
+                        max_draft=8)
+    drafter.propose(state)
+    state.tokens.append(5)
+    drafter.observe(state, Verdict([], [], next_token=5, bonus=False, committed_tokens=[5]))
+    ar = drafter.arms["ar"]
+    assert ar.seconds == pytest.approx(1.001)  # the report keeps the raw time
+    fitted = drafter.curve.predictions(1)[0]
+    assert fitted < 0.04  # the curve's own clipping kept the step from moving it much
+    assert ar.estimate.discounted_seconds <= auto_module.OUTLIER * (0.001 + fitted) + 1e-9
+    assert 0 < ar.estimate.excess <= auto_module.EXCESS_WEIGHT * fitted + 1e-9
 
 
 def test_bad_auto_options_are_clear_errors():
@@ -387,8 +414,8 @@ def test_a_fresh_process_starts_from_the_estimates_the_last_one_kept(tmp_path):
     (lambda kept: kept["identity"].update(machine="another CPU"), "measured with machine 'another CPU'"),
     (lambda kept: kept["identity"].update(dtype="bf16"), "measured with dtype 'bf16'"),
     (lambda kept: kept["payload"]["estimates"]["pld"].update(steps=-3), "estimate for 'pld' is not one"),
-    (lambda kept: kept["payload"]["estimates"]["ar"].pop("fastest"), "estimate for 'ar' is not one"),
-    (lambda kept: kept.update(version=99), "not a version-1 kept file"),
+    (lambda kept: kept["payload"]["estimates"]["ar"].pop("excess"), "estimate for 'ar' is not one"),
+    (lambda kept: kept.update(version=99), f"not a version-{kept_module.VERSION} kept file"),
     ("truncated", "not valid JSON"),
 ])
 def test_a_kept_file_that_cannot_be_used_is_ignored_with_a_warning_and_replaced(tmp_path, damage, reason):

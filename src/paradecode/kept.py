@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 2  # 2: auto's estimates lost the fastest step (version-1 files hold estimates skewed by it)
 
 
 @dataclass

@@ -5,9 +5,12 @@ gave: committed tokens and seconds from its ``propose`` to the end of its ``obse
 forward pass, verification and the arm's bookkeeping; not the caller's time between steps). Its estimate of
 an arm's speed is the ratio of discounted sums, rate = sum(gamma^age * tokens) / sum(gamma^age * seconds), so
 it follows the text as it changes (copying phases favour lookup drafters, free text favours plain decoding).
-A step slower than ``OUTLIER`` times the arm's fastest step so far counts as that long: on a shared CPU a
-preempted step can take 100 times its cost, and one such step must not condemn an arm (the raw totals are
-reported unclipped).
+A step slower than ``OUTLIER`` times what it should have taken (its drafting, plus the fitted time of a step
+of its rows and the arm's excess, below) counts as that long: on a shared CPU a preempted step can take 100 times
+its cost, and one such step must not condemn an arm (the raw totals are reported unclipped). The bound follows
+the machine as it is now, as the peeks' prices do: a bound from the arm's fastest step ever, kept across
+processes, let an arm chosen on a busy machine count its slow steps as fast while the arms it peeked at paid
+the full time, and ``auto`` kept drafting at 0.75x plain decoding on short chat answers.
 
 Peeks (greedy): measured only on its own steps, an arm is judged on the text it happened to run on, and the
 arms' rates are not comparable (the one chosen in a copying phase looks fast). So every ``probe_every`` steps
@@ -17,7 +20,10 @@ the peek is scored exactly as greedy verification would have scored it (the deep
 matches the text; ``_accepted``) and counts for its arm as a step: accepted + 1 tokens, in the peek's own
 drafting time plus the time of a step over its rows, read from a cost curve fitted to this process's steps
 (``schedule.CostCurve``, shaped by the measured curve), plus the arm's *excess*, a moving mean of what its own
-steps took beyond that curve (a tree's mask and bookkeeping; negative for an arm cheaper than the average). So
+steps took beyond that curve (a tree's mask and bookkeeping; negative for an arm cheaper than the average),
+from a prior of none: each own step moves it by ``EXCESS_WEIGHT`` of the difference, within half a fitted step
+below and one above (a first step that was preempted once set an arm's excess to three steps, and an arm that
+is seldom chosen, plain decoding above all, never ran again to correct it). So
 every peekable arm is measured on the same text, and the arm learns from the peek's verdict
 (``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
 (``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, and an arm under ``LAGGARD`` times the
@@ -79,8 +85,8 @@ from paradecode.verify.base import Verdict
 
 DEFAULT_CANDIDATES = ("ar", "pld", "pld-tree", "ngram", "lookahead", "jacobi", "layerskip")
 LAGGARD, LAGGARD_EVERY = 0.85, 4  # an arm under 0.85x the best rate is peeked at every 4th round
-EXCESS_WEIGHT = 0.1  # of each own step in an arm's moving mean excess
-OUTLIER = 4.0  # a step counts as at most this many times the arm's fastest step (steps vary ~2x in tokens)
+EXCESS_WEIGHT = 0.1  # of each own step in an arm's moving mean excess (from a prior of none)
+OUTLIER = 4.0  # a step counts as at most this many times its modelled time (steps vary ~2x in tokens)
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,6 @@ class _Estimate:
 
     discounted_tokens: float = 0.0  # discounted totals, for the choice
     discounted_seconds: float = 0.0
-    fastest: float = math.inf  # fastest step so far, in seconds
     steps: int = 0  # steps and scored peeks measured, over every request that shared this estimate
     # seconds the arm's own steps take beyond drafting and the fitted time of a step of their rows (a tree's
     # mask and bookkeeping; negative for an arm cheaper than the average), a moving mean: added to the modelled
@@ -330,16 +335,16 @@ class AutoDrafter(Drafter):
         chosen.tokens += tokens
         chosen.seconds += seconds
         estimate = chosen.estimate
-        estimate.fastest = min(estimate.fastest, seconds)
-        _add(estimate, tokens, min(seconds, OUTLIER * estimate.fastest))
         verify = seconds - self.draft_seconds  # the verify pass and bookkeeping
         self.curve.add(self.rows, max(verify, 1e-6))
         # one fit prices this step and every pending peek
         costs = self.curve.predictions(max([self.rows] + [1 + len(peek.tokens) for peek in self.peeks]))
         fitted = costs[self.rows - 1]
-        excess = min(max(verify, fitted / 2), OUTLIER * fitted) - fitted  # noise kept within bounds
-        estimate.own_steps += 1  # the first own step sets the excess, later ones move it
-        estimate.excess += (excess - estimate.excess) * max(EXCESS_WEIGHT, 1 / estimate.own_steps)
+        modelled = self.draft_seconds + max(fitted + estimate.excess, fitted / 2)
+        _add(estimate, tokens, min(seconds, OUTLIER * modelled))
+        excess = min(max(verify, fitted / 2), 2 * fitted) - fitted  # noise kept within bounds
+        estimate.own_steps += 1
+        estimate.excess += (excess - estimate.excess) * EXCESS_WEIGHT
         self.steps_taken += 1
         if self.peeks:
             self._score_peeks(state, costs)

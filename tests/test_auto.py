@@ -244,14 +244,15 @@ def test_a_scored_peek_costs_its_drafting_a_fitted_step_over_its_rows_and_its_ar
         drafter.curve.add(1, 0.010)
         drafter.curve.add(3, 0.013)
     pld = drafter.arms["pld"].estimate
-    pld.excess = 0.004  # what pld's own steps took beyond the curve
+    pld.excess_sum, pld.excess_weight = 3.0, 10.0  # pld's own steps took 20% longer than the curve
+    assert pld.excess == pytest.approx(3.0 / (10.0 + auto_module.EXCESS_PRIOR))
     drafter.peeks = [auto_module._Peek("pld", 3, Proposal(tokens=[7, 8]), seconds=0.001)]
     state = DecodeState(tokens=[2, 3, 4, 7, 9], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
                         max_draft=8)
     drafter._score_peeks(state, drafter.curve.predictions(3))  # the text after position 3 is 7, 9: one draft token accepted, then the bonus
     assert drafter.peeks == [] and drafter.arms["pld"].peeks == 1
     assert pld.discounted_tokens == 2 and pld.steps == 1
-    assert pld.discounted_seconds == pytest.approx(0.001 + drafter.curve.predictions(3)[-1] + 0.004)
+    assert pld.discounted_seconds == pytest.approx(0.001 + drafter.curve.predictions(3)[-1] * 1.2)
     assert drafter.curve.predictions(3)[-1] == pytest.approx(0.013, rel=0.1)
 
 
@@ -270,17 +271,22 @@ def test_an_arms_excess_is_what_its_own_steps_take_beyond_the_fitted_curve(monke
     drafter.propose(state)
     state.tokens.append(5)
     drafter.observe(state, Verdict([], [], next_token=5, bonus=False, committed_tokens=[5]))
-    assert arm.estimate.own_steps == 1  # from a prior of none, each own step moves the excess a tenth of the way
-    weight = auto_module.EXCESS_WEIGHT
-    assert arm.estimate.excess == pytest.approx(weight * (0.016 - drafter.curve.predictions(3)[-1]), abs=1e-9)
-    assert arm.estimate.excess == pytest.approx(weight * 0.006, abs=weight * 0.0015)  # the curve moved a little
+    assert arm.estimate.excess_weight == 1  # one sample, against a prior of none worth EXCESS_PRIOR steps
+    share = 0.016 / drafter.curve.predictions(3)[-1] - 1
+    assert share == pytest.approx(0.6, abs=0.15)  # the step also moved the curve a little
+    assert arm.estimate.excess == pytest.approx(share / (1 + auto_module.EXCESS_PRIOR), abs=1e-9)
+    for _ in range(400):  # the arm does not run for a few hundred steps: its excess fades back to none
+        arm.estimate.excess_sum *= drafter.options.decay
+        arm.estimate.excess_weight *= drafter.options.decay
+    assert abs(arm.estimate.excess) < 0.25 * share / (1 + auto_module.EXCESS_PRIOR)
 
 
 def test_a_preempted_step_counts_as_a_few_modelled_steps_whatever_the_arm_did_before(monkeypatch):
     """A step that took 1 s (the process was descheduled) against a fitted 10 ms: it counts as at most OUTLIER
-    times its drafting plus the fitted step, and moves the arm's excess by at most a tenth of a fitted step. (The
-    bound was the arm's fastest step ever: for a new arm that is this step, counted in full; and an excess set by
-    a first slow step priced every later peek of an arm that seldom runs, such as plain decoding.)"""
+    times its drafting plus the fitted step, and its sample of the arm's excess is at most one fitted step, worth
+    one step against the prior's EXCESS_PRIOR. (The bound was the arm's fastest step ever: for a new arm that is
+    this step, counted in full; and an excess set outright by a first slow step priced every later peek of an arm
+    that seldom runs, such as plain decoding.)"""
     drafter = started({"candidates": "ar,pld"}, {})
     for _ in range(10):
         drafter.curve.add(1, 0.010)
@@ -298,7 +304,7 @@ def test_a_preempted_step_counts_as_a_few_modelled_steps_whatever_the_arm_did_be
     fitted = drafter.curve.predictions(1)[0]
     assert fitted < 0.04  # the curve's own clipping kept the step from moving it much
     assert ar.estimate.discounted_seconds <= auto_module.OUTLIER * (0.001 + fitted) + 1e-9
-    assert 0 < ar.estimate.excess <= auto_module.EXCESS_WEIGHT * fitted + 1e-9
+    assert 0 < ar.estimate.excess <= 1.0 / (1 + auto_module.EXCESS_PRIOR) + 1e-9
 
 
 def test_bad_auto_options_are_clear_errors():
@@ -414,7 +420,7 @@ def test_a_fresh_process_starts_from_the_estimates_the_last_one_kept(tmp_path):
     (lambda kept: kept["identity"].update(machine="another CPU"), "measured with machine 'another CPU'"),
     (lambda kept: kept["identity"].update(dtype="bf16"), "measured with dtype 'bf16'"),
     (lambda kept: kept["payload"]["estimates"]["pld"].update(steps=-3), "estimate for 'pld' is not one"),
-    (lambda kept: kept["payload"]["estimates"]["ar"].pop("excess"), "estimate for 'ar' is not one"),
+    (lambda kept: kept["payload"]["estimates"]["ar"].pop("excess_sum"), "estimate for 'ar' is not one"),
     (lambda kept: kept.update(version=99), f"not a version-{kept_module.VERSION} kept file"),
     ("truncated", "not valid JSON"),
 ])

@@ -6,7 +6,7 @@ forward pass, verification and the arm's bookkeeping; not the caller's time betw
 an arm's speed is the ratio of discounted sums, rate = sum(gamma^age * tokens) / sum(gamma^age * seconds), so
 it follows the text as it changes (copying phases favour lookup drafters, free text favours plain decoding).
 A step slower than ``OUTLIER`` times what it should have taken (its drafting, plus the fitted time of a step
-of its rows and the arm's excess, below) counts as that long: on a shared CPU a preempted step can take 100 times
+of its rows scaled by the arm's excess, below) counts as that long: on a shared CPU a preempted step can take 100 times
 its cost, and one such step must not condemn an arm (the raw totals are reported unclipped). The bound follows
 the machine as it is now, as the peeks' prices do: a bound from the arm's fastest step ever, kept across
 processes, let an arm chosen on a busy machine count its slow steps as fast while the arms it peeked at paid
@@ -19,11 +19,13 @@ each other *peekable* arm (one whose ``Drafter.peek`` says what it would propose
 the peek is scored exactly as greedy verification would have scored it (the deepest draft node whose path
 matches the text; ``_accepted``) and counts for its arm as a step: accepted + 1 tokens, in the peek's own
 drafting time plus the time of a step over its rows, read from a cost curve fitted to this process's steps
-(``schedule.CostCurve``, shaped by the measured curve), plus the arm's *excess*, a moving mean of what its own
-steps took beyond that curve (a tree's mask and bookkeeping; negative for an arm cheaper than the average),
-from a prior of none: each own step moves it by ``EXCESS_WEIGHT`` of the difference, within half a fitted step
-below and one above (a first step that was preempted once set an arm's excess to three steps, and an arm that
-is seldom chosen, plain decoding above all, never ran again to correct it). So
+(``schedule.CostCurve``, shaped by the measured curve), times 1 + the arm's *excess*: the share by which its
+own steps took longer than that curve (a tree's mask and bookkeeping; negative for an arm cheaper than the
+average). It is a ratio, so it holds when the machine speeds up or slows down, and a discounted mean like the
+rates, each own step's sample within [-1/2, +1], with a prior of none worth ``EXCESS_PRIOR`` steps: the excess of
+an arm that has not run for a few hundred steps fades back to none. (It was an absolute moving mean set outright
+by the arm's first own step: one preempted step priced every later peek of an arm seldom chosen, plain decoding
+above all, at several steps, and nothing ever corrected it.) So
 every peekable arm is measured on the same text, and the arm learns from the peek's verdict
 (``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
 (``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, and an arm under ``LAGGARD`` times the
@@ -85,7 +87,7 @@ from paradecode.verify.base import Verdict
 
 DEFAULT_CANDIDATES = ("ar", "pld", "pld-tree", "ngram", "lookahead", "jacobi", "layerskip")
 LAGGARD, LAGGARD_EVERY = 0.85, 4  # an arm under 0.85x the best rate is peeked at every 4th round
-EXCESS_WEIGHT = 0.1  # of each own step in an arm's moving mean excess (from a prior of none)
+EXCESS_PRIOR = 5.0  # steps' worth of weight for "no excess" in an arm's discounted mean excess
 OUTLIER = 4.0  # a step counts as at most this many times its modelled time (steps vary ~2x in tokens)
 
 
@@ -125,15 +127,19 @@ class _Estimate:
     discounted_tokens: float = 0.0  # discounted totals, for the choice
     discounted_seconds: float = 0.0
     steps: int = 0  # steps and scored peeks measured, over every request that shared this estimate
-    # seconds the arm's own steps take beyond drafting and the fitted time of a step of their rows (a tree's
-    # mask and bookkeeping; negative for an arm cheaper than the average), a moving mean: added to the modelled
-    # time of its peeks
-    excess: float = 0.0
-    own_steps: int = 0  # the arm's own steps among them (the excess's)
+    # by what share the arm's own steps (less their drafting) took longer than the fitted time of a step of their
+    # rows (a tree's mask and bookkeeping; negative for an arm cheaper than the average): discounted sums
+    excess_sum: float = 0.0
+    excess_weight: float = 0.0
 
     @property
     def rate(self) -> float:
         return self.discounted_tokens / self.discounted_seconds if self.discounted_seconds > 0 else 0.0
+
+    @property
+    def excess(self) -> float:
+        """The discounted mean excess, pulled towards none by a prior worth ``EXCESS_PRIOR`` steps."""
+        return self.excess_sum / (self.excess_weight + EXCESS_PRIOR)
 
 
 @dataclass
@@ -316,7 +322,7 @@ class AutoDrafter(Drafter):
             arm = self.arms[peek.arm]
             arm.peeks += 1
             arm.drafter.peeked(peek.proposal, accepted)
-            _add(arm.estimate, accepted + 1, peek.seconds + costs[len(peek.tokens)] + arm.estimate.excess)
+            _add(arm.estimate, accepted + 1, peek.seconds + costs[len(peek.tokens)] * (1 + arm.estimate.excess))
         self.peeks = waiting
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
@@ -329,6 +335,8 @@ class AutoDrafter(Drafter):
             arm = self.arms[name]
             arm.estimate.discounted_tokens *= gamma
             arm.estimate.discounted_seconds *= gamma
+            arm.estimate.excess_sum *= gamma
+            arm.estimate.excess_weight *= gamma
             if arm is not chosen and arm.needs_resync:
                 arm.stale = True
         chosen.steps += 1
@@ -340,11 +348,9 @@ class AutoDrafter(Drafter):
         # one fit prices this step and every pending peek
         costs = self.curve.predictions(max([self.rows] + [1 + len(peek.tokens) for peek in self.peeks]))
         fitted = costs[self.rows - 1]
-        modelled = self.draft_seconds + max(fitted + estimate.excess, fitted / 2)
-        _add(estimate, tokens, min(seconds, OUTLIER * modelled))
-        excess = min(max(verify, fitted / 2), 2 * fitted) - fitted  # noise kept within bounds
-        estimate.own_steps += 1
-        estimate.excess += (excess - estimate.excess) * EXCESS_WEIGHT
+        _add(estimate, tokens, min(seconds, OUTLIER * (self.draft_seconds + fitted * (1 + estimate.excess))))
+        estimate.excess_sum += min(max(verify / fitted - 1, -0.5), 1.0)  # noise kept within bounds
+        estimate.excess_weight += 1
         self.steps_taken += 1
         if self.peeks:
             self._score_peeks(state, costs)
@@ -385,7 +391,7 @@ class AutoDrafter(Drafter):
             candidates[name] = dict(steps=arm.steps, peeks=arm.peeks, tokens=arm.tokens, time_s=round(arm.seconds, 6),
                                     tokens_per_s=round(arm.tokens / arm.seconds, 3) if arm.seconds > 0 else 0.0,
                                     estimate=round(arm.rate, 3),  # the bandit's discounted, clipped rate
-                                    excess_s=round(arm.estimate.excess, 6),  # its steps beyond the fitted curve
+                                    excess=round(arm.estimate.excess, 4),  # its steps' share beyond the curve
                                     step_share=round(arm.steps / all_steps, 4) if all_steps else 0.0,
                                     token_share=round(arm.tokens / all_tokens, 4) if all_tokens else 0.0)
             notes = arm.drafter.summary()

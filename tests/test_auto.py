@@ -22,6 +22,8 @@ from paradecode.registry import get_method, method_names
 from paradecode.verify.base import Verdict
 from tiny import PROMPTS, ChainOnly, run, tiny_backend
 
+EVERY_ARM = "ar,pld,pld-tree,ngram,lookahead,jacobi,layerskip"  # every training-free method
+
 
 @pytest.mark.parametrize("seed", range(2))
 def test_auto_greedy_equals_autoregressive(seed):
@@ -29,9 +31,10 @@ def test_auto_greedy_equals_autoregressive(seed):
     for prompt in PROMPTS:
         for max_new in (1, 7, 40):
             expected, _ = run(backend, "ar", prompt, max_new_tokens=max_new)
-            got, stats = run(backend, "auto", prompt, max_new_tokens=max_new)
-            assert got == expected, (seed, prompt, max_new)
-            assert stats.new_tokens == max_new
+            for candidates in ("", EVERY_ARM):  # the default arms, and every training-free method in play
+                got, stats = run(backend, "auto", prompt, max_new_tokens=max_new, candidates=candidates)
+                assert got == expected, (seed, prompt, max_new, candidates)
+                assert stats.new_tokens == max_new
 
 
 def test_auto_eos_stop_strings_and_chain_only_backends_like_autoregressive():
@@ -53,14 +56,16 @@ def test_auto_eos_stop_strings_and_chain_only_backends_like_autoregressive():
 
 def test_auto_reports_its_choices():
     backend = tiny_backend(1, sharp=4.0)
-    _, stats = run(backend, "auto", PROMPTS[1], max_new_tokens=60)
+    _, stats = run(backend, "auto", PROMPTS[1], max_new_tokens=20)
+    report = stats.info["auto"]
+    default = {n for n in method_names() if n in auto_module.DEFAULT_CANDIDATES
+               or getattr(get_method(n), "training_free", False)}
+    assert set(report["candidates"]) == default and {"ar", "pld", "ngram"} <= default
+    assert "draft" in report["skipped"] and "draft-tree" in report["skipped"]  # no draft model given
+    _, stats = run(backend, "auto", PROMPTS[1], max_new_tokens=60, candidates=EVERY_ARM)
     report = stats.info["auto"]
     candidates = report["candidates"]
-    assert {"ar", "pld", "pld-tree"} <= set(candidates)
-    trainfree = {n for n in method_names() if n in auto_module.DEFAULT_CANDIDATES
-                 or getattr(get_method(n), "training_free", False)}
-    assert set(candidates) | set(report["skipped"]) >= trainfree
-    assert "draft" in report["skipped"] and "draft-tree" in report["skipped"]  # no draft model given
+    assert set(candidates) == set(EVERY_ARM.split(","))
     assert report["choice"] in candidates
     assert sum(c["steps"] for c in candidates.values()) == stats.forward_passes
     assert sum(c["tokens"] for c in candidates.values()) == stats.new_tokens

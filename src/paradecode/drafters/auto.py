@@ -50,7 +50,14 @@ cannot be peeked at (its estimate rests on fewer, noisier steps) must beat the p
 
 Candidates: the ``candidates`` option, or every registered method in ``DEFAULT_CANDIDATES`` plus any class
 that declares ``training_free = True``; methods that need a draft model join only when ``draft_model`` is
-given. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a step sees its
+given. The default arms are the methods that were the fastest fixed method in some Spec-Bench category on a
+machine measured, and plain decoding: ``ar``, ``pld``, ``ngram``. The other training-free methods join by the
+``candidates`` option only, since every arm costs: on 65 Spec-Bench questions (SmolLM2-135M q4, 128 tokens, AMD
+EPYC Zen 4, 2026-12-04, one run) ``auto`` over all seven ran at 0.90x ``ngram``, without ``pld-tree`` at 0.94x,
+over the three at 0.96x. ``pld-tree`` was the worst: 1.05x ``ar`` as a fixed method, but its peeks (many nodes,
+a long accepted path) rated it above ``ngram`` on question after question and it took 30% of the tokens;
+``jacobi``, ``lookahead`` and ``layerskip`` (1.08x, 0.71x, 0.94x ``ar``) cost their warm-up and exploration
+steps and were never the best in a category. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a step sees its
 verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it declares
 ``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
 Output is exact whatever the choice: every arm is a lossless method verified by the engine. Under sampling
@@ -85,7 +92,7 @@ from paradecode.kept import KeptFile
 from paradecode.registry import get_method, method_names, register, resolve_drafter, takes_draft_model
 from paradecode.verify.base import Verdict
 
-DEFAULT_CANDIDATES = ("ar", "pld", "pld-tree", "ngram", "lookahead", "jacobi", "layerskip")
+DEFAULT_CANDIDATES = ("ar", "pld", "ngram")  # the rest by the candidates option (see "Candidates" above)
 LAGGARD, LAGGARD_EVERY = 0.85, 4  # an arm under 0.85x the best rate is peeked at every 4th round
 EXCESS_PRIOR = 5.0  # steps' worth of weight for "no excess" in an arm's discounted mean excess
 OUTLIER = 4.0  # a step counts as at most this many times its modelled time (steps vary ~2x in tokens)
@@ -93,7 +100,7 @@ OUTLIER = 4.0  # a step counts as at most this many times its modelled time (ste
 
 @dataclass(frozen=True)
 class AutoOptions:
-    candidates: str = ""  # comma-separated methods; "": the registered training-free methods
+    candidates: str = ""  # comma-separated methods; "": ar, pld, ngram and any method declaring training_free
     draft_model: str = ""  # also try the methods that need a draft model, with this one
     warmup: int = 1  # steps each candidate gets before the bandit chooses
     exploration: float = 0.25  # scale of the UCB bonus (0: always the best measured rate)

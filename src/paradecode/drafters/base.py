@@ -115,7 +115,7 @@ class Drafter:
     # that could not would set this False, and ``registry.MethodChoice.check_sampling`` then refuses temperature > 0.
     lossless_sampling: ClassVar[bool] = True
     needs_hidden: ClassVar[bool] = False  # True: the engine hands over the target's hidden states (trained heads)
-    training_free: ClassVar[bool] = False  # True: needs no trained weights or draft model (an ``auto`` candidate)
+    training_free: ClassVar[bool] = False  # True: a default ``auto`` candidate (no trained weights or draft model)
     # True: the drafter follows ``state.tokens`` by itself, so it may miss verdicts (``auto`` then skips re-syncing
     # it with ``begin`` after steps another drafter took).
     observe_optional: ClassVar[bool] = False

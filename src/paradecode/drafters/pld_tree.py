@@ -43,7 +43,8 @@ class PromptLookupTreeOptions:
 @register("pld-tree")
 class PromptLookupTreeDrafter(Drafter):
     Options = PromptLookupTreeOptions
-    training_free: ClassVar[bool] = True  # a candidate for `auto`
+    # not a default `auto` candidate: its peeks over-rate it (drafters/auto.py, "Candidates"); candidates= adds it
+    training_free: ClassVar[bool] = False
 
     def begin(self, state: DecodeState) -> None:
         o = self.options

@@ -28,9 +28,14 @@ by the arm's first own step: one preempted step priced every later peek of an ar
 above all, at several steps, and nothing ever corrected it.) So
 every peekable arm is measured on the same text, and the arm learns from the peek's verdict
 (``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
-(``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, and an arm under ``LAGGARD`` times the
-best rate only every ``LAGGARD_EVERY``-th time: on SmolLM2 peeking, scoring and choosing take ~1% of the decode
-time.
+(``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, at every peekable arm: on SmolLM2
+peeking, scoring and choosing take ~1% of the decode time. With ``laggard`` > 0 an arm under ``laggard`` times
+the best rate is peeked at only every ``LAGGARD_EVERY``-th round; that saved time over seven arms but starved
+the arm that most needed its peeks. An arm's draft length comes from what its peeks taught it (``ngram`` drafts
+a token or two until its acceptance estimates rise), so on text the model repeats (128 tokens after a prompt of
+random tokens, AMD EPYC Zen 4, 2026-12-04) ``ngram``, rated below ``pld`` after its first short peeks, was peeked
+at 2-4 times a request, never learnt to draft long, and ``auto`` ran ``pld`` at 0.70-0.77x fixed ``ngram``;
+peeked every round it learnt within the request and ``auto`` ran at 0.94-1.01x ``ngram``.
 
 Choice: an arm with fewer than ``warmup`` measured steps (peeks count) gets the step; after that the arm with
 the largest
@@ -93,7 +98,7 @@ from paradecode.registry import get_method, method_names, register, resolve_draf
 from paradecode.verify.base import Verdict
 
 DEFAULT_CANDIDATES = ("ar", "pld", "ngram")  # the rest by the candidates option (see "Candidates" above)
-LAGGARD, LAGGARD_EVERY = 0.85, 4  # an arm under 0.85x the best rate is peeked at every 4th round
+LAGGARD_EVERY = 4  # an arm under the laggard option's share of the best rate is peeked at every 4th round
 EXCESS_PRIOR = 5.0  # steps' worth of weight for "no excess" in an arm's discounted mean excess
 OUTLIER = 4.0  # a step counts as at most this many times its modelled time (steps vary ~2x in tokens)
 
@@ -109,6 +114,7 @@ class AutoOptions:
     # only when its rate is this much higher
     carry: float = 0.5  # share of the kept estimates' weight a new request starts from (its own text counts more)
     probe_every: int = 4  # greedy: every this many steps, peek at each other peekable arm's draft (0: never)
+    laggard: float = 0.0  # an arm under this share of the best rate is peeked at every 4th round only (0: none)
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -125,6 +131,8 @@ class AutoOptions:
             raise ParadecodeError(f"auto option carry must be in (0, 1], got {self.carry}.")
         if self.probe_every < 0:
             raise ParadecodeError(f"auto option probe_every must be >= 0, got {self.probe_every}.")
+        if not 0 <= self.laggard < 1:
+            raise ParadecodeError(f"auto option laggard must be in [0, 1), got {self.laggard}.")
 
 
 @dataclass
@@ -302,9 +310,9 @@ class AutoDrafter(Drafter):
 
     def _peek(self, state: DecodeState, chosen: str) -> None:
         """What every other peekable arm would draft now, scored later against the text (``_score_peeks``). An
-        arm well behind the best is peeked at on every ``LAGGARD_EVERY``-th round only (peeks cost time)."""
+        arm under ``laggard`` x the best rate is peeked at on every ``LAGGARD_EVERY``-th round only."""
         self.peek_rounds += 1
-        floor = LAGGARD * max(self.arms[name].rate for name in self.active)
+        floor = self.options.laggard * max(self.arms[name].rate for name in self.active)
         for name in self.active:
             arm = self.arms[name]
             if name == chosen or not arm.peekable or arm.stale:  # a stale arm's state lags the text

@@ -113,7 +113,9 @@ def test_a_peek_changes_nothing_the_drafter_proposes_after_it(monkeypatch, name)
     def peek_then_propose(self, state):
         seen = self.peek(state)
         proposal = propose(self, state)
-        peeked.append(seen.tokens == proposal.tokens and seen.parents == proposal.parents)
+        probe = (seen.info or {}).get("probe")  # a longer chain the drafter learns from, starting with the draft
+        peeked.append(seen.tokens == proposal.tokens and seen.parents == proposal.parents
+                      and (probe is None or probe.tokens[: len(seen.tokens)] == seen.tokens))
         return proposal
 
     monkeypatch.setattr(cls, "propose", peek_then_propose)
@@ -123,6 +125,24 @@ def test_a_peek_changes_nothing_the_drafter_proposes_after_it(monkeypatch, name)
     assert peeked and all(peeked)
     if name != "ar":
         assert any(s.drafted for s in stats.steps)  # the comparison covered real drafts
+
+
+def test_a_peeks_probe_teaches_the_arm_while_its_estimate_counts_what_it_would_propose(monkeypatch):
+    """An arm that drafts nothing by choice still learns from its peeks: their probes are judged (else an arm whose
+    estimates fell once never drafted again inside auto, since a draft of nothing teaches nothing)."""
+    drafter = started({"candidates": "ar,pld"}, {})
+    arm, taught = drafter.arms["pld"], []
+    monkeypatch.setattr(arm.drafter, "peek", lambda state: Proposal(tokens=[], info={"probe": Proposal(tokens=[7, 8, 9])}))
+    monkeypatch.setattr(arm.drafter, "peeked", lambda proposal, accepted: taught.append((proposal.tokens, accepted)))
+    state = DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(), max_draft=8)
+    drafter._peek(state, "ar")
+    state.tokens += [7, 8]
+    drafter._score_peeks(state, [0.01] * 8)
+    assert taught == [] and len(drafter.peeks) == 1  # the probe's third token has not had its turn
+    state.tokens += [5]
+    drafter._score_peeks(state, [0.01] * 8)
+    assert taught == [([7, 8, 9], 2)] and not drafter.peeks
+    assert arm.peeks == 1 and arm.estimate.discounted_tokens == pytest.approx(1.0)  # no draft: one token a step
 
 
 def test_auto_with_a_draft_model_tries_the_draft_methods_and_stays_lossless():
@@ -233,6 +253,20 @@ def test_an_arm_that_cannot_be_peeked_at_must_beat_the_peeked_ones_by_the_margin
     assert drafter._choose() == (choice, "best")
 
 
+@pytest.mark.parametrize("laggard, peeked_rounds", [(0.0, 8), (0.85, 2)])
+def test_every_peekable_arm_is_peeked_at_every_round_unless_a_laggard_share_is_set(laggard, peeked_rounds):
+    """A slow-rated arm needs its peeks most (its draft length comes from them): by default it gets every round."""
+    drafter = started({"candidates": "ar,pld,ngram", "laggard": laggard},
+                      {"ar": rated(100.0), "pld": rated(200.0), "ngram": rated(50.0)})
+    state = DecodeState(tokens=[2, 3, 4, 2, 3], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
+                        max_draft=8)
+    for _ in range(8):
+        drafter._peek(state, "pld")
+    assert sum(peek.arm == "ngram" for peek in drafter.peeks) == peeked_rounds
+    assert sum(peek.arm == "ar" for peek in drafter.peeks) == peeked_rounds  # also under 0.85 x pld's rate
+    assert not any(peek.arm == "pld" for peek in drafter.peeks)  # the chosen arm runs, it is not peeked at
+
+
 def test_a_request_starts_from_a_share_of_the_kept_weight():
     kept = auto_module._Estimate(discounted_tokens=40.0, discounted_seconds=0.25, steps=30)
     drafter = started({"candidates": "ar,pld"}, {"ar": kept, "pld": auto_module._Estimate(8.0, 0.1, steps=4)})
@@ -316,7 +350,7 @@ def test_bad_auto_options_are_clear_errors():
     from paradecode.errors import ParadecodeError
 
     for options, message in (({"margin": -0.1}, "margin must be >= 0"), ({"carry": 0}, "carry must be in"),
-                             ({"probe_every": -1}, "probe_every must be >= 0")):
+                             ({"probe_every": -1}, "probe_every must be >= 0"), ({"laggard": 1.0}, "laggard must be in")):
         with pytest.raises(ParadecodeError, match=message):
             get_method("auto").create(options)
 

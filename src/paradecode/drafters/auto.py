@@ -115,6 +115,7 @@ class AutoOptions:
     carry: float = 0.5  # share of the kept estimates' weight a new request starts from (its own text counts more)
     probe_every: int = 4  # greedy: every this many steps, peek at each other peekable arm's draft (0: never)
     laggard: float = 0.0  # an arm under this share of the best rate is peeked at every 4th round only (0: none)
+    probes: bool = True  # peeks teach an arm by its longer probe draft where it offers one (Drafter.peek)
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -182,6 +183,7 @@ class _Peek:
     at: int
     proposal: Proposal
     seconds: float  # the peek's own time: the arm's drafting
+    probe: "_Peek | None" = None  # the longer draft the arm learns from (``Drafter.peek``'s "probe"), if any
 
     @property
     def tokens(self) -> list[int]:
@@ -323,20 +325,25 @@ class AutoDrafter(Drafter):
             proposal = arm.drafter.peek(state)
             seconds = time.perf_counter() - start
             if proposal is not None:
-                self.peeks.append(_Peek(name, len(state.tokens), proposal, seconds))
+                at = len(state.tokens)
+                probe = (proposal.info or {}).get("probe")
+                probe = _Peek(name, at, probe, 0.0) if self.options.probes and probe is not None and probe.tokens else None
+                self.peeks.append(_Peek(name, at, proposal, seconds, probe))
 
     def _score_peeks(self, state: DecodeState, costs: list[float]) -> None:
         """Each peek the text has decided counts for its arm as a step: its tokens, and the time of its
         drafting plus ``costs[T - 1]``, the fitted time of a step verifying its T rows."""
         waiting = []
         for peek in self.peeks:
-            accepted = _accepted(peek, state.tokens[peek.at : peek.at + len(peek.tokens)])
-            if accepted is None:
+            learner = peek.probe or peek  # what the arm learns from: its probe, else the draft it would propose
+            text = state.tokens[peek.at : peek.at + max(len(peek.tokens), len(learner.tokens))]
+            accepted, learnt = _accepted(peek, text), _accepted(learner, text)
+            if accepted is None or learnt is None:
                 waiting.append(peek)
                 continue
             arm = self.arms[peek.arm]
             arm.peeks += 1
-            arm.drafter.peeked(peek.proposal, accepted)
+            arm.drafter.peeked(learner.proposal, learnt)
             _add(arm.estimate, accepted + 1, peek.seconds + costs[len(peek.tokens)] * (1 + arm.estimate.excess))
         self.peeks = waiting
 

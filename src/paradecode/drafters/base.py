@@ -159,12 +159,16 @@ class Drafter:
         """What ``propose`` would give now, without changing the drafter's state (no verdict follows it); None
         where the drafter cannot say without running a step of its own (a draft model, Jacobi iterations).
         ``auto`` scores peeks against the text that follows, so it knows every peekable arm's rate on the same
-        text, not only the chosen one's."""
+        text, not only the chosen one's. A drafter whose draft length follows what its verdicts taught it may put
+        a longer draft in ``info["probe"]`` (a chain that starts with the proposal's tokens): ``peeked`` is then
+        told that one's verdict. A peek costs no verify rows, so it can judge drafts the drafter would not dare
+        to propose; without that, a drafter whose estimates fell until it drafted nothing learnt nothing more."""
         return None
 
     def peeked(self, proposal: Proposal, accepted: int) -> None:
-        """Greedy verification would have accepted ``accepted`` tokens of ``proposal``, an earlier ``peek``'s (the
-        text that followed decided it): a drafter that learns from its verdicts may learn from this one too."""
+        """Greedy verification would have accepted ``accepted`` tokens of ``proposal``, an earlier ``peek``'s or
+        its ``info["probe"]`` (the text that followed decided it): a drafter that learns from its verdicts may
+        learn from this one too."""
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         """Called after the engine committed ``verdict``; ``state.tokens`` already includes it."""

@@ -126,7 +126,8 @@ class NgramDrafter(ScheduledDrafter):
     def peek(self, state: DecodeState) -> Proposal:
         drafts, tags, chances = self._draft(state, self.schedule.planned_candidates())
         keep = self.schedule.planned(chances)
-        return Proposal(tokens=drafts[:keep], info={"tags": tags[:keep]})
+        probe = Proposal(tokens=drafts, info={"tags": tags})  # every candidate token is judged (Drafter.peek)
+        return Proposal(tokens=drafts[:keep], info={"tags": tags[:keep], "probe": probe})
 
     def peeked(self, proposal: Proposal, accepted: int) -> None:
         self._judge(proposal.info["tags"], accepted)

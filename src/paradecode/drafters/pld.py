@@ -50,7 +50,9 @@ class PromptLookupDrafter(ScheduledDrafter):
         return Proposal(tokens=tokens)
 
     def peek(self, state: DecodeState) -> Proposal:
-        return Proposal(tokens=self._draft(state, self.schedule.planned()))
+        candidate = self._draft(state, max(self.schedule.planned(), self.schedule.planned_candidates()))
+        probe = Proposal(tokens=candidate)  # the longest continuation, judged position by position (Drafter.peek)
+        return Proposal(tokens=candidate[: self.schedule.planned()], info={"probe": probe})
 
     def peeked(self, proposal: Proposal, accepted: int) -> None:
         self.schedule.judged(len(proposal.tokens), accepted)

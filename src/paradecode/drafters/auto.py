@@ -36,6 +36,12 @@ a token or two until its acceptance estimates rise), so on text the model repeat
 random tokens, AMD EPYC Zen 4, 2026-12-04) ``ngram``, rated below ``pld`` after its first short peeks, was peeked
 at 2-4 times a request, never learnt to draft long, and ``auto`` ran ``pld`` at 0.70-0.77x fixed ``ngram``;
 peeked every round it learnt within the request and ``auto`` ran at 0.94-1.01x ``ngram``.
+A peek that drafts nothing teaches nothing, so with ``probes`` (the default) an arm may hand a longer draft
+with its peek (``Drafter.peek``'s ``info["probe"]``: ``ngram`` and ``pld`` give their whole candidate chain);
+the arm learns from that one's verdict while its estimate counts what it would have proposed. Without it, on a
+copying prompt both drafting arms' first peeks were rejected, their estimates fell until they drafted nothing,
+and ``auto`` ran ``ar`` for all 128 tokens at 0.63-0.70x fixed ``ngram`` (now 0.94-1.07x); on 65 Spec-Bench
+questions the two are alike (two paired runs: 0.950x and 0.959x ``ngram`` with probes, 0.954x and 0.956x without).
 
 Choice: an arm with fewer than ``warmup`` measured steps (peeks count) gets the step; after that the arm with
 the largest

@@ -132,7 +132,8 @@ def test_a_peeks_probe_teaches_the_arm_while_its_estimate_counts_what_it_would_p
     estimates fell once never drafted again inside auto, since a draft of nothing teaches nothing)."""
     drafter = started({"candidates": "ar,pld"}, {})
     arm, taught = drafter.arms["pld"], []
-    monkeypatch.setattr(arm.drafter, "peek", lambda state: Proposal(tokens=[], info={"probe": Proposal(tokens=[7, 8, 9])}))
+    probe = Proposal(tokens=[7, 8, 9])
+    monkeypatch.setattr(arm.drafter, "peek", lambda state: Proposal(tokens=[], info={"probe": probe}))
     monkeypatch.setattr(arm.drafter, "peeked", lambda proposal, accepted: taught.append((proposal.tokens, accepted)))
     state = DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(), max_draft=8)
     drafter._peek(state, "ar")
@@ -350,7 +351,8 @@ def test_bad_auto_options_are_clear_errors():
     from paradecode.errors import ParadecodeError
 
     for options, message in (({"margin": -0.1}, "margin must be >= 0"), ({"carry": 0}, "carry must be in"),
-                             ({"probe_every": -1}, "probe_every must be >= 0"), ({"laggard": 1.0}, "laggard must be in")):
+                             ({"probe_every": -1}, "probe_every must be >= 0"),
+                             ({"laggard": 1.0}, "laggard must be in")):
         with pytest.raises(ParadecodeError, match=message):
             get_method("auto").create(options)
 

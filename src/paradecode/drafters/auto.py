@@ -65,12 +65,12 @@ given. The default arms are the methods that were the fastest fixed method in so
 machine measured, and plain decoding: ``ar``, ``pld``, ``ngram``. The other training-free methods join by the
 ``candidates`` option only, since every arm costs: on 65 Spec-Bench questions (SmolLM2-135M q4, 128 tokens, AMD
 EPYC Zen 4, 2026-12-04, one run) ``auto`` over all seven ran at 0.90x ``ngram``, without ``pld-tree`` at 0.94x,
-over the three at 0.96x. ``pld-tree`` was the worst: 1.05x ``ar`` as a fixed method, but its peeks (many nodes,
-a long accepted path) rated it above ``ngram`` on question after question and it took 30% of the tokens;
-``jacobi``, ``lookahead`` and ``layerskip`` (1.08x, 0.71x, 0.94x ``ar``) cost their warm-up and exploration
-steps and were never the best in a category. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a step sees its
-verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it declares
-``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
+over the three at 0.96x. ``pld-tree`` was the worst: 1.05x ``ar`` as a fixed method, but its peeks (many nodes, a
+long accepted path) rated it above ``ngram`` on question after question and it took 30% of the tokens; ``jacobi``,
+``lookahead`` and ``layerskip`` (1.08x, 0.71x, 0.94x ``ar``) cost their warm-up and exploration steps and were
+never the best in a category. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a
+step sees its verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it
+declares ``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
 Output is exact whatever the choice: every arm is a lossless method verified by the engine. Under sampling
 only the arms whose drafts draw nothing from the random stream run (not ``layerskip`` or a draft model's
 sampled chains): each emitted token is then one draw from the target's distribution in turn, the draws plain
@@ -333,7 +333,8 @@ class AutoDrafter(Drafter):
             if proposal is not None:
                 at = len(state.tokens)
                 probe = (proposal.info or {}).get("probe")
-                probe = _Peek(name, at, probe, 0.0) if self.options.probes and probe is not None and probe.tokens else None
+                learns = self.options.probes and probe is not None and len(probe.tokens) > 0
+                probe = _Peek(name, at, probe, 0.0) if learns else None
                 self.peeks.append(_Peek(name, at, proposal, seconds, probe))
 
     def _score_peeks(self, state: DecodeState, costs: list[float]) -> None:

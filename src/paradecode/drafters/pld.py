@@ -50,9 +50,10 @@ class PromptLookupDrafter(ScheduledDrafter):
         return Proposal(tokens=tokens)
 
     def peek(self, state: DecodeState) -> Proposal:
-        candidate = self._draft(state, max(self.schedule.planned(), self.schedule.planned_candidates()))
+        length = self.schedule.planned()
+        candidate = self._draft(state, max(length, self.schedule.planned_candidates()))
         probe = Proposal(tokens=candidate)  # the longest continuation, judged position by position (Drafter.peek)
-        return Proposal(tokens=candidate[: self.schedule.planned()], info={"probe": probe})
+        return Proposal(tokens=candidate[:length], info={"probe": probe})
 
     def peeked(self, proposal: Proposal, accepted: int) -> None:
         self.schedule.judged(len(proposal.tokens), accepted)

@@ -1,4 +1,4 @@
-"""Pick the fastest drafter for this request while decoding: a bandit over the registered training-free methods.
+"""Pick the fastest drafter for this request while decoding: a bandit over `ar`, `pld`, `ngram` (or those listed).
 
 Each step ``auto`` hands the step to one candidate drafter (an *arm*) and measures, itself, what the step
 gave: committed tokens and seconds from its ``propose`` to the end of its ``observe`` (drafting, the target's

@@ -175,12 +175,15 @@ class CostCurve:
         # The backend's measured cost of T tokens relative to one (``paradecode.profile``): when given, the
         # prior is base * shape(T), base fitted to this request's steps, instead of the line.
         self.shape = dict(sorted(shape.items())) if shape else None
+        self._shape_at: dict[float, float] = {}  # shape_at's answers (the shape never changes)
+        self._predicted: list[float] = []  # predictions' last answer, until the next add
 
     @property
     def empty(self) -> bool:
         return not self.mean
 
     def add(self, tokens: int, seconds: float) -> None:
+        self._predicted = []
         n = self.count.get(tokens, 0)
         if n:
             mean = self.mean[tokens]
@@ -192,7 +195,10 @@ class CostCurve:
 
     def predictions(self, upto: int) -> list[float]:
         """Predicted seconds for T = 1 .. upto: each T's own mean blended with the prior (the measured shape
-        scaled to this request, else the fitted line) by their weights."""
+        scaled to this request, else the fitted line) by their weights. Asked every step by every schedule and
+        by ``auto``, so the answer is kept until the next ``add``."""
+        if len(self._predicted) >= upto:
+            return self._predicted[:upto]
         if self.shape:
             points = [(min(self.count[t], self.MAX_WEIGHT), self.shape_at(t), y) for t, y in self.mean.items()]
             base = sum(w * x * y for w, x, y in points) / sum(w * x * x for w, x, _ in points)
@@ -205,10 +211,17 @@ class CostCurve:
             n = min(self.count.get(tokens, 0), self.MAX_WEIGHT)
             mean = self.mean.get(tokens, line)
             predicted.append((n * mean + self.PRIOR_WEIGHT * line) / (n + self.PRIOR_WEIGHT))
-        return predicted
+        self._predicted = predicted
+        return list(predicted)
 
     def shape_at(self, tokens: float) -> float:
         """The measured relative cost at T, linear between measured sizes and along the last segment beyond."""
+        known = self._shape_at.get(tokens)
+        if known is None:
+            known = self._shape_at[tokens] = self._interpolate(tokens)
+        return known
+
+    def _interpolate(self, tokens: float) -> float:
         sizes = list(self.shape)
         if tokens in self.shape:
             return self.shape[tokens]

@@ -332,10 +332,9 @@ class AutoDrafter(Drafter):
             seconds = time.perf_counter() - start
             if proposal is not None:
                 at = len(state.tokens)
-                probe = (proposal.info or {}).get("probe")
-                learns = self.options.probes and probe is not None and len(probe.tokens) > 0
-                probe = _Peek(name, at, probe, 0.0) if learns else None
-                self.peeks.append(_Peek(name, at, proposal, seconds, probe))
+                longer = (proposal.info or {}).get("probe")  # a probe no longer than the draft teaches the same
+                learns = self.options.probes and longer is not None and len(longer.tokens) > len(proposal.tokens)
+                self.peeks.append(_Peek(name, at, proposal, seconds, _Peek(name, at, longer, 0.0) if learns else None))
 
     def _score_peeks(self, state: DecodeState, costs: list[float]) -> None:
         """Each peek the text has decided counts for its arm as a step: its tokens, and the time of its
@@ -344,7 +343,8 @@ class AutoDrafter(Drafter):
         for peek in self.peeks:
             learner = peek.probe or peek  # what the arm learns from: its probe, else the draft it would propose
             text = state.tokens[peek.at : peek.at + max(len(peek.tokens), len(learner.tokens))]
-            accepted, learnt = _accepted(peek, text), _accepted(learner, text)
+            accepted = _accepted(peek, text)
+            learnt = accepted if learner is peek else _accepted(learner, text)
             if accepted is None or learnt is None:
                 waiting.append(peek)
                 continue

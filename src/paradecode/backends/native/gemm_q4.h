@@ -44,11 +44,12 @@ inline int64_t q4_packed_bytes(int64_t n, int64_t k, bool with_m = true) {
   return (n + kBlockCols - 1) / kBlockCols * (k / kQ4Group) * (with_m ? kQ4GroupBytes : kQ4GroupBytesNoM);
 }
 
-// The activations of one row, quantized per group: p (int8, k values), a (float per group), psum (int per group).
+// The activations of one row, quantized per group: p (int8, k values), a (float per group), psum (per group: an
+// integer of at most 32 * 127, held as the float it converts to exactly, so the kernel broadcasts it as it is).
 struct Q4Rows {
   const int8_t* p;
   const float* scale;
-  const int32_t* sum;
+  const float* sum;
   int64_t p_stride, group_stride;  // bytes between rows of p; entries between rows of scale / sum
 };
 
@@ -59,8 +60,8 @@ inline void q4_quads(const Q4Rows& x, int64_t r, int64_t g, int j, int32_t& low,
   std::memcpy(&high, p + 4, 4);
 }
 
-inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, int32_t psum, float& acc) {
-  acc = mul_add(a, mul_add(d, static_cast<float>(qsum), m * static_cast<float>(psum)), acc);
+inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, float psum, float& acc) {
+  acc = mul_add(a, mul_add(d, static_cast<float>(qsum), m * psum), acc);
 }
 
 // MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms.
@@ -97,7 +98,7 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
                            : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
     unroll<MR>([&](auto r) {
       const __m512 a = _mm512_set1_ps(x.scale[r * x.group_stride + g]);
-      const __m512 psum = _mm512_set1_ps(static_cast<float>(x.sum[r * x.group_stride + g]));
+      const __m512 psum = _mm512_set1_ps(x.sum[r * x.group_stride + g]);
       const __m512 term = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums[r][b]), _mm512_mul_ps(m, psum));
       float* out = acc + (r * NB + b) * kBlockCols;
       _mm512_storeu_ps(out, _mm512_fmadd_ps(a, term, _mm512_loadu_ps(out)));
@@ -132,7 +133,7 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
                            : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
     unroll<MR>([&](auto r) {
       const __m256 a = _mm256_set1_ps(x.scale[r * x.group_stride + g]);
-      const __m256 psum = _mm256_set1_ps(static_cast<float>(x.sum[r * x.group_stride + g]));
+      const __m256 psum = _mm256_set1_ps(x.sum[r * x.group_stride + g]);
       const __m256 term = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[r][b]), _mm256_mul_ps(m, psum));
       float* out = acc + (r * NB) * kBlockCols + b * 8;
       _mm256_storeu_ps(out, _mm256_fmadd_ps(a, term, _mm256_loadu_ps(out)));
@@ -142,7 +143,7 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
   for (int64_t r = 0; r < MR; ++r) {
     const int8_t* p = x.p + r * x.p_stride + g * kQ4Group;
     const float a = x.scale[r * x.group_stride + g];
-    const int32_t psum = x.sum[r * x.group_stride + g];
+    const float psum = x.sum[r * x.group_stride + g];
     for (int64_t b = 0; b < NB; ++b) {
       const uint8_t* block = base + b * block_stride;
       for (int64_t c = 0; c < kBlockCols; ++c) {
@@ -163,29 +164,33 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
 #endif
 }
 
+// Rows [0, rows) of one group through `tile(rows_in_tile, first_row)`: MR at a time, then what is left in
+// tiles of halving height (MR / 2, ..., 1), so a few rows left over never go one at a time.
+template <int MR, class Tile>
+inline void q4_row_tiles(int64_t rows, int64_t r, Tile&& tile) {
+  for (; r + MR <= rows; r += MR) tile(std::integral_constant<int, MR>{}, r);
+  if constexpr (MR > 1) q4_row_tiles<MR / 2>(rows, r, tile);
+}
+
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows): y[r * y_stride + c] for the tile's 16 * NB columns.
 template <int MR, int NB>
 inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride) {
   alignas(64) float acc[kMaxTileRows * NB * kBlockCols];
   std::fill(acc, acc + rows * NB * kBlockCols, 0.f);
   const int64_t block_stride = w.groups * w.group_bytes;
+  auto part = [&](int64_t r) {
+    return Q4Rows{x.p + r * x.p_stride, x.scale + r * x.group_stride, x.sum + r * x.group_stride, x.p_stride,
+                  x.group_stride};
+  };
   for (int64_t g = 0; g < w.groups; ++g) {
     {  // past the end: the next tile's weights, which this thread reads next
       const uint8_t* ahead = w.data + (b0 * w.groups + g + kQ4PrefetchGroups) * w.group_bytes;
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < w.group_bytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
     }
-    int64_t r = 0;
-    for (; r + MR <= rows; r += MR) {
-      const Q4Rows part{x.p + r * x.p_stride, x.scale + r * x.group_stride, x.sum + r * x.group_stride, x.p_stride,
-                        x.group_stride};
-      q4_tile<MR, NB>(w, b0, g, part, acc + r * NB * kBlockCols);
-    }
-    for (; r < rows; ++r) {
-      const Q4Rows part{x.p + r * x.p_stride, x.scale + r * x.group_stride, x.sum + r * x.group_stride, x.p_stride,
-                        x.group_stride};
-      q4_tile<1, NB>(w, b0, g, part, acc + r * NB * kBlockCols);
-    }
+    q4_row_tiles<MR>(rows, 0, [&](auto mr, int64_t r) {
+      q4_tile<decltype(mr)::value, NB>(w, b0, g, part(r), acc + r * NB * kBlockCols);
+    });
   }
   for (int64_t r = 0; r < rows; ++r)
     std::copy(acc + r * NB * kBlockCols, acc + (r + 1) * NB * kBlockCols, y + r * y_stride);
@@ -203,6 +208,12 @@ inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
 // blocks on 256-bit code. One row on 8 blocks at once (8 streams, 30-140 KB apart at 1B-8B) read 10-20% slower
 // than on 4 with the weights asked for ahead (AMD EPYC Zen 4, a 2-thread microbenchmark of 3B and 8B layers;
 // equal at 0.5B, faster at 135M and 1B), and a one-token pass came out slower than a two-token one at 3B and 8B.
+// Rows left over after the 4-row tiles go 2 then 1 (q4_row_tiles): 2 and 3 rows took 0.75-0.89x, 6 rows 0.83x
+// the time of rows one at a time (same microbenchmark, 98,304 x 2,048). Taller tiles were slower: 8 x 2 blocks
+// 1.46x and 6 x 2 1.06x the 4 x 4 at 8 rows. At 4 x 4 the float part of each group (a conversion, a multiply and
+// two fused multiply-adds per row and block, beside 8 vpdpbusd) shares the two vector multiply pipes of a Zen 4
+// core with vpdpbusd, which bounds this format near 47 multiply-adds a cycle per core; 64 rows ran at ~300 GMAC/s
+// on two cores, so a verify pass of 8 rows is compute-bound here, not weight-bound.
 #if defined(__AVX512F__)
 constexpr int kQ4OneRowBlocks = 4, kQ4TileRows = 4, kQ4TileBlocks = 4;
 #elif defined(__AVX2__)

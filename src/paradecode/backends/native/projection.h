@@ -86,7 +86,7 @@ struct Workspace {
   std::vector<float> y;          // [rows, N] the GEMM's float output before the row scales
   std::vector<float> residual;   // [K] precise rows: what int8 missed
   std::vector<float> group_scale;  // [rows, K / 32] 4-bit projections: each group's activation scale
-  std::vector<int32_t> group_sum;  // [rows, K / 32] and each group's sum of quantized activations
+  std::vector<float> group_sum;    // [rows, K / 32] and each group's sum of quantized activations (exact)
 };
 
 // One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
@@ -128,7 +128,7 @@ struct Projection {
           for (int64_t g = 0; g < groups; ++g) {  // each group of 32 inputs as the int8 rows are: p, a = amax / 127
             const int64_t at = r * k + g * kQ4Group, group = r * groups + g;
             ws.group_scale[group] = quantize_row(x + at, qf, kQ4Group) / 127.f;
-            ws.group_sum[group] = to_int8(qf, ws.q.data() + at, kQ4Group, kQ4Group);
+            ws.group_sum[group] = static_cast<float>(to_int8(qf, ws.q.data() + at, kQ4Group, kQ4Group));
           }
       });
       return t;

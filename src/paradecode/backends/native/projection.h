@@ -156,12 +156,7 @@ struct Projection {
 
   // Integer-valued floats -> int8, zero-padded to `stride` bytes; returns their sum.
   static int32_t to_int8(const float* qf, int8_t* q, int64_t k, int64_t stride) {
-    int32_t sum = 0;
-    for (int64_t c = 0; c < k; ++c) {
-      const int32_t v = static_cast<int32_t>(qf[c]);
-      q[c] = static_cast<int8_t>(v);
-      sum += v;
-    }
+    const int32_t sum = paradecode::to_int8(qf, q, k);
     std::fill(q + k, q + stride, 0);
     return sum;
   }

@@ -1,0 +1,149 @@
+"""The 4-bit GEMM alone against what this CPU's cores can do: multiply-adds per second by rows per pass, beside the
+peak of a plain vpdpbusd loop.
+
+    python benchmarks/q4_kernel.py                       # SmolLM2-135M's four shapes and one far larger than the caches
+    python benchmarks/q4_kernel.py --shapes 3072x576 --rows 1,2,3,4,8 --threads 1
+
+Compiles ``backends/native/gemm_q4.h`` alone (g++, ``-O3 -march=native -ffp-contract=off -fopenmp``: the
+native forward's flags) into a small program that fills random Q4_1 blocks, splits the column blocks over the
+threads as two contiguous halves and takes the best of ``--repeats`` passes for each row count. The peak loop
+runs 12 independent vpdpbusd chains per thread (AVX512-VNNI only; elsewhere it is skipped). A verify pass of T
+rows is compute-bound once T x multiply-adds per weight outrun the memory read: compare the GMAC/s here with the
+peak to see how far the kernel is from the instruction's limit on this CPU, and the large shape's GB/s with the
+memory bandwidth ``paradecode profile`` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+NATIVE = Path(__file__).resolve().parents[1] / "src" / "paradecode" / "backends" / "native"
+
+SOURCE = r"""
+#include "gemm_q4.h"
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+#include <omp.h>
+using namespace paradecode;
+
+static double peak(int threads) {  // GMAC/s of 12 independent vpdpbusd chains per thread
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const long iters = 20000000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    long sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      __m512i acc[12];
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+      __m512i a = _mm512_set1_epi32(0x01020304), b = _mm512_set1_epi32(0x05060708);
+      for (long it = 0; it < iters; ++it) {
+        for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a));
+      }
+      for (int i = 0; i < 12; ++i) sink += _mm512_reduce_add_epi32(acc[i]);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (sink == 42) std::printf(" ");
+    best = std::max(best, threads * iters * 12.0 * 64 / s / 1e9);
+  }
+  return best;
+#else
+  (void)threads;
+  return 0;
+#endif
+}
+
+int main(int argc, char** argv) {
+  const int threads = std::atoi(argv[1]), repeats = std::atoi(argv[2]);
+  std::vector<int> rows_list;
+  for (char* p = std::strtok(argv[3], ","); p; p = std::strtok(nullptr, ",")) rows_list.push_back(std::atoi(p));
+  std::printf("peak %.1f\n", peak(threads));
+  for (int s = 4; s < argc; ++s) {
+    const int64_t n = std::atoll(argv[s]), k = std::atoll(std::strchr(argv[s], 'x') + 1);
+    std::mt19937 rng(1);
+    std::vector<uint8_t> w(q4_packed_bytes(n, k, true));
+    for (auto& b : w) b = static_cast<uint8_t>(rng());
+    const PackedQ4 W{w.data(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols, kQ4GroupBytes};
+    for (int64_t b = 0; b < W.blocks; ++b)  // d and m: small positive half floats
+      for (int64_t g = 0; g < W.groups; ++g)
+        for (int i = 0; i < 32; ++i) {
+          const uint16_t h = 0x2000 + (rng() & 0xff);
+          std::memcpy(w.data() + (b * W.groups + g) * kQ4GroupBytes + 256 + 2 * i, &h, 2);
+        }
+    for (int rows : rows_list) {
+      std::vector<int8_t> p(rows * k);
+      for (auto& v : p) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+      std::vector<float> scale(rows * W.groups, 0.01f), sum(rows * W.groups, 3.f), y(rows * n);
+      const Q4Rows x{p.data(), scale.data(), sum.data(), k, W.groups};
+      double best = 1e30;
+      for (int rep = 0; rep < repeats; ++rep) {
+        const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+        {
+          const int id = omp_get_thread_num(), nt = omp_get_num_threads();
+          int64_t per = (W.blocks + nt - 1) / nt;
+          per = (per + 3) / 4 * 4;
+          const int64_t b0 = std::min(W.blocks, id * per), b1 = std::min(W.blocks, b0 + per);
+          float spill[kMaxTileRows * kBlockCols];
+          if (b0 < b1) q4_gemm(W, x, rows, y.data(), n, b0, b1, spill);
+        }
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::printf("%s %d %.6e %.1f %.1f\n", argv[s], rows, best, rows * double(n) * k / best / 1e9, w.size() / best / 1e9);
+    }
+  }
+}
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="960x576,576x576,3072x576,576x1536,98304x2048",
+                        help="output columns x inputs, comma-separated (default: SmolLM2-135M's qkv, o, gate_up, "
+                             "down, and a 113 MB weight no cache holds)")
+    parser.add_argument("--rows", default="1,2,3,4,6,8,16,32,64", help="rows per pass, comma-separated")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=9, help="passes per measurement; the best is kept")
+    args = parser.parse_args()
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise SystemExit("no C++ compiler found (g++ or c++): install one (e.g. apt install g++).")
+    try:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+        [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        raise SystemExit("--shapes takes NxK pairs (e.g. 3072x576) and --rows integers, both comma-separated.")
+    if any(k % 32 for _, k in shapes):
+        raise SystemExit("every shape's input count must be a multiple of 32 (the Q4 block size).")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, binary = Path(tmp) / "q4_kernel.cpp", Path(tmp) / "q4_kernel"
+        source.write_text(SOURCE)
+        subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17",
+                        f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
+        out = subprocess.run([str(binary), str(args.threads), str(args.repeats), args.rows,
+                              *[f"{n}x{k}" for n, k in shapes]], check=True, capture_output=True, text=True).stdout
+    lines = out.split("\n")
+    peak = float(lines[0].split()[1])
+    print(f"vpdpbusd peak, {args.threads} threads: " + (f"{peak:.1f} GMAC/s" if peak else "n/a (no AVX512-VNNI)"))
+    print(f"{'shape':>12} {'rows':>5} {'ms':>8} {'GMAC/s':>8} {'of peak':>8} {'GB/s':>7}")
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        shape, rows, seconds, gmacs, gbs = line.split()
+        share = f"{float(gmacs) / peak:.0%}" if peak else "-"
+        print(f"{shape:>12} {rows:>5} {float(seconds) * 1e3:8.3f} {float(gmacs):8.1f} {share:>8} {float(gbs):7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -315,3 +315,35 @@ def test_a_pass_gives_the_same_bits_on_one_thread_or_several(kernels):
     backend = Int8LlamaBackend.from_hf(shaped_llama(3, BROAD, 1000), calibration=CALIBRATION)
     use_kernels(backend, kernels)
     assert_same_bits_on_any_thread_count(backend, [tokens(rows, rows) for rows in (1, 5, 70)])
+
+
+def test_row_argmax_is_torchs_argmax_ties_nans_and_tails_included():
+    """The native argmax greedy verification uses gives torch's answer: the first of equal maxima (in the vector
+    body, across lanes and in the scalar tail), the first NaN, index 0 of a row of -inf, any width."""
+    module = native.load()
+    assert module is not None
+    torch.manual_seed(0)
+    rows = [torch.randn(49152), torch.randn(7), torch.randn(16), torch.randn(33), torch.full((40,), float("-inf"))]
+    tied = torch.randn(100)
+    tied[[5, 21, 37, 98]] = 9.0  # equal maxima in lanes 5 and 5 again (21, 37) and in the tail (98)
+    rows.append(tied)
+    late = torch.zeros(35)
+    late[3], late[17], late[34] = 1.0, 1.0, 1.0  # lanes 3 and 1: the lane order must not win over the index
+    rows.append(late)
+    tail_only = torch.zeros(20)
+    tail_only[18] = 5.0
+    rows.append(tail_only)
+    nans = torch.randn(64)
+    nans[[40, 12]] = float("nan")
+    rows.append(nans)
+    int_like = torch.randint(-3, 3, (200,)).float()  # many ties everywhere
+    rows.append(int_like)
+    for row in rows:
+        logits = row[None].contiguous()
+        assert module.row_argmax(logits) == logits.argmax(dim=-1).tolist(), row
+        assert native.row_argmax(logits) == logits.argmax(dim=-1).tolist()
+    batch = torch.randint(-2, 2, (6, 1000)).float()  # several rows at once
+    assert module.row_argmax(batch) == batch.argmax(dim=-1).tolist()
+    with pytest.raises(RuntimeError, match="float32"):
+        module.row_argmax(torch.zeros(2, 3, dtype=torch.float64))
+    assert native.row_argmax(torch.zeros(2, 3, dtype=torch.float64)) == [0, 0]  # torch's path for other dtypes

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paradecode.backends.native import row_argmax
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.ngram_index import NgramIndex
 from paradecode.errors import ParadecodeError
@@ -70,7 +71,7 @@ class JacobiDrafter(Drafter):
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         scored = verdict.target_logits.shape[0] - 1  # guesses actually scored (the engine may trim)
-        predicted = verdict.target_logits.argmax(dim=-1).tolist()  # [1+scored]: token after root, guess 0, ...
+        predicted = row_argmax(verdict.target_logits)  # [1+scored]: token after root, guess 0, ...
         accepted_len = len(verdict.accepted)
         # Guess i sits i + 1 positions after the root and row i predicts the position after it. The new root
         # took guess accepted_len's position, so rows after it are the updated guesses for the positions that

@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import torch
 
+from paradecode.backends.native import row_argmax
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.ngram_pool import NgramPool
 from paradecode.drafters.tree import merge_prefix_tree, tree_parents
@@ -118,7 +119,7 @@ class LookaheadDrafter(Drafter):
         if verdict.accepted:
             self.pool_hits += 1
         if verdict.extra_logits is not None:
-            predicted = verdict.extra_logits.argmax(dim=-1).tolist()  # [E]
+            predicted = row_argmax(verdict.extra_logits)  # [E]
             top = [predicted[window_index(width, size - 2, j)] for j in range(width)]  # after each top-level token
             if self.trajectory_steps >= size - 2:
                 row0 = [state.tokens[-1 - len(verdict.committed_tokens)]] + self.levels[0]  # root + level 0

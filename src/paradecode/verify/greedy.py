@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from paradecode.backends.native import row_argmax
 from paradecode.verify.base import Verdict
 
 
@@ -23,7 +24,7 @@ def verify_greedy(
     n = len(draft_tokens)
     if parents is None:
         parents = list(range(-1, n - 1))
-    argmax = target_logits.argmax(dim=-1).tolist()  # [1+N]
+    argmax = row_argmax(target_logits)  # [1+N]
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents):
         children.setdefault(parent, []).append(i)

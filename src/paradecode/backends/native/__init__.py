@@ -33,6 +33,7 @@ HEADERS = ("lanes.h", "projection.h", "gemm.h", "gemm_amx.h", "gemm_q4.h", "atte
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 BUILD_SECONDS = 900  # a build and check that takes longer than this (a compiler stuck on a busy machine) is given up
 _loaded: dict[str, ModuleType | None] = {}
+_active: ModuleType | None = None  # the module load() last returned: row_argmax uses it, never builds one
 
 
 def enabled() -> bool:
@@ -62,10 +63,25 @@ def load() -> ModuleType | None:
     """The compiled module (built and checked on first use), or None when disabled or the build fails."""
     if not enabled():
         return None
+    global _active
     key = build_key()
     if key not in _loaded:
         _loaded[key] = _build(key)
+    if _loaded[key] is not None:
+        _active = _loaded[key]
     return _loaded[key]
+
+
+def row_argmax(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax of ``logits`` [T, V] as a list, as ``logits.argmax(-1).tolist()`` gives it (the first
+    of equal maxima, the first NaN): by the native loop when a native forward has loaded the module (this never
+    builds it), else by torch. Greedy verification asks for nothing else of the logits; torch's reduction took
+    ~40 us a row of 49,152 (AMD EPYC Zen 4), 3% of an 8-row verify pass."""
+    module = _active
+    if module is not None and logits.dtype == torch.float32 and logits.dim() == 2 and logits.is_contiguous() \
+            and logits.shape[1] > 0:
+        return module.row_argmax(logits)
+    return logits.argmax(dim=-1).tolist()
 
 
 # Run by a child process: build the extension and push one tiny forward through every kernel, so that a compiler

@@ -260,6 +260,54 @@ inline int32_t to_int8(const float* qf, int8_t* q, int64_t n) {
   return sum;
 }
 
+// The index of the largest of n floats, the first one where several are equal, and the first NaN where there is
+// one (torch.argmax's answer in every case): 16 running maxima with their indices by lane, a strict > so each
+// lane keeps its first, then the lane with the largest value (the smallest index among equals), then the tail.
+inline int64_t argmax(const float* x, int64_t n) {
+  const vi lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  vf best = splat(-INFINITY);
+  vi at = vi{} - 1, nan{};
+  int64_t k = 0;
+  if (n >= kLanes) {  // the first 16 as they are: a row of -inf still has its maxima (index 0 first)
+    best = load(x);
+    at = lanes;
+    nan = best != best;
+    k = kLanes;
+  }
+  for (; k + kLanes <= n; k += kLanes) {
+    const vf v = load(x + k);
+    const vi more = v > best;
+    best = more ? v : best;
+    at = more ? lanes + static_cast<int32_t>(k) : at;
+    nan |= v != v;
+  }
+  bool any_nan = false;
+  for (int l = 0; l < kLanes; ++l) any_nan |= nan[l] != 0;
+  for (int64_t j = k; j < n; ++j) any_nan |= x[j] != x[j];
+  if (any_nan) {
+    for (int64_t j = 0; j < n; ++j)
+      if (x[j] != x[j]) return j;
+  }
+  float top = -INFINITY;
+  int64_t index = 0;
+  bool found = false;
+  for (int l = 0; l < kLanes; ++l) {
+    if (at[l] < 0) continue;
+    if (!found || best[l] > top || (best[l] == top && at[l] < index)) {
+      top = best[l];
+      index = at[l];
+      found = true;
+    }
+  }
+  for (; k < n; ++k)
+    if (!found || x[k] > top) {
+      top = x[k];
+      index = k;
+      found = true;
+    }
+  return index;
+}
+
 // Quantize one row to integer values in [-127, 127] (kept as float for fbgemm); returns max |x| (the scale).
 inline float quantize_row(const float* x, float* q, int64_t n) {
   const float amax = max_of(abs_max(x, n), 1e-12f);

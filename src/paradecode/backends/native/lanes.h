@@ -207,21 +207,14 @@ inline float lane_sum(const float* a, int64_t n) {
   return fold(acc + load(tail));
 }
 
-inline float abs_max(const float* a, int64_t n) {  // exact in any order: four running maxima, not one chain
-  vf acc[4] = {};
+inline float abs_max(const float* a, int64_t n) {  // exact in any order
+  vf acc{};
   int64_t k = 0;
-  for (; k + 4 * kLanes <= n; k += 4 * kLanes)
-    for (int j = 0; j < 4; ++j) acc[j] = max_of(acc[j], abs_of(load(a + k + j * kLanes)));
-  for (; k + kLanes <= n; k += kLanes) acc[0] = max_of(acc[0], abs_of(load(a + k)));
+  for (; k + kLanes <= n; k += kLanes) acc = max_of(acc, abs_of(load(a + k)));
   float top = 0.f;
   for (; k < n; ++k) top = max_of(top, abs_of(a[k]));
   float lanes[kLanes];
-  std::memcpy(lanes, &acc[0], sizeof(lanes));
-  for (int j = 1; j < 4; ++j) {
-    float more[kLanes];
-    std::memcpy(more, &acc[j], sizeof(more));
-    for (int l = 0; l < kLanes; ++l) lanes[l] = max_of(lanes[l], more[l]);
-  }
+  std::memcpy(lanes, &acc, sizeof(lanes));
   for (float v : lanes) top = max_of(top, v);
   return top;
 }
@@ -250,8 +243,12 @@ inline int32_t to_int8(const float* qf, int8_t* q, int64_t n) {
     acc += v;
     *reinterpret_cast<vb*>(q + k) = __builtin_convertvector(v, vb);
   }
+#if defined(__AVX512F__)
+  int32_t sum = _mm512_reduce_add_epi32((__m512i)acc);
+#else
   int32_t sum = 0;
   for (int l = 0; l < kLanes; ++l) sum += acc[l];
+#endif
   for (; k < n; ++k) {
     const int32_t v = static_cast<int32_t>(qf[k]);
     q[k] = static_cast<int8_t>(v);

@@ -66,6 +66,15 @@ extern "C" __attribute__((noinline, flatten)) void check_amx_tiles(const PackedI
 extern "C" __attribute__((noinline, flatten)) void check_q4(const PackedQ4& w, const Q4Rows& x, float* acc) {
   q4_tile<4, 4>(w, 0, 1, x, acc);
 }
+extern "C" __attribute__((noinline, flatten)) float check_max(const float* x, int64_t n) {
+  return max_value(x, n) + abs_max(x, n);
+}
+extern "C" __attribute__((noinline, flatten)) void check_exp(float* x, const float* y, int64_t n) {
+  each(n, [&](int64_t k, auto z) { st(x + k, exp_approx(ld(y + k, z))); });
+}
+extern "C" __attribute__((noinline, flatten)) int64_t check_argmax(const float* x, int64_t n) {
+  return argmax(x, n);
+}
 }
 """
 
@@ -142,3 +151,17 @@ def test_the_amx_kernel_is_there_on_amx_targets_with_packed_conversions(target):
     assert tiles.count("tdpbsud") >= 8, f"{march}: the tile shapes do not multiply with tdpbsud"
     assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the AMX sums are not converted 16 at a time"
     assert not re.search(r"\bvcvtsi2ss", tiles), f"{march}: the AMX sums are converted one by one"
+
+
+PACKED_MAX = re.compile(r"\bv(max|min|cmp[a-z]*)ps\s[^\n]*%[yz]mm")  # a packed max or min, or a packed compare
+PACKED_COMPARE = re.compile(r"\bvcmp[a-z]*ps\s[^\n]*%[yz]mm")
+
+
+def test_maxima_exponentials_and_argmax_are_packed(target):
+    """The softmax's maximum and exponentials, quantization's max |x| and greedy verification's argmax keep their
+    16-lane bodies packed: a `?:` over 16-lane vectors compiled to scalar compares on AVX2-only targets."""
+    march, assembly = target
+    assert len(PACKED_MAX.findall(function(assembly, "check_max"))) >= 2, f"{march}: the maxima run lane by lane"
+    assert len(PACKED_MAX.findall(function(assembly, "check_exp"))) >= 2, f"{march}: exp's clamps run lane by lane"
+    body = function(assembly, "check_argmax")
+    assert PACKED_COMPARE.search(body) and len(PACKED_MAX.findall(body)) >= 2, f"{march}: the argmax compares lane by lane"

@@ -46,10 +46,33 @@ inline float fold(vf v) {  // the 16 lanes summed pairwise, in a fixed order
 }
 
 // The same formulas on a float or on 16 lanes.
+// max_of(a, b) = a < b ? b : a and min_of(a, b) = b < a ? b : a, lane by lane (a NaN in b is never taken, of
+// equal values a is kept). The vector forms name the packed instruction: a `?:` over 16-lane vectors became 16
+// scalar compares on AVX2-only targets (tests/test_native_isa.py checks the code). maxps(x, y) is x > y ? x : y
+// and minps(x, y) is x < y ? x : y, so with the operands swapped they are exactly the formulas above.
 inline float max_of(float a, float b) { return a < b ? b : a; }
-inline vf max_of(vf a, vf b) { return a < b ? b : a; }
 inline float min_of(float a, float b) { return b < a ? b : a; }
+#if defined(__AVX512F__)
+inline vf max_of(vf a, vf b) { return (vf)_mm512_max_ps((__m512)b, (__m512)a); }
+inline vf min_of(vf a, vf b) { return (vf)_mm512_min_ps((__m512)b, (__m512)a); }
+#elif defined(__AVX__)
+template <class Op>
+inline vf by_halves(vf a, vf b, Op op) {  // op on the two 8-lane halves
+  __m256 a2[2], b2[2];
+  std::memcpy(a2, &a, sizeof(a));
+  std::memcpy(b2, &b, sizeof(b));
+  a2[0] = op(a2[0], b2[0]);
+  a2[1] = op(a2[1], b2[1]);
+  vf r;
+  std::memcpy(&r, a2, sizeof(r));
+  return r;
+}
+inline vf max_of(vf a, vf b) { return by_halves(a, b, [](__m256 x, __m256 y) { return _mm256_max_ps(y, x); }); }
+inline vf min_of(vf a, vf b) { return by_halves(a, b, [](__m256 x, __m256 y) { return _mm256_min_ps(y, x); }); }
+#else
+inline vf max_of(vf a, vf b) { return a < b ? b : a; }
 inline vf min_of(vf a, vf b) { return b < a ? b : a; }
+#endif
 inline float abs_of(float a) { return std::fabs(a); }
 inline vf abs_of(vf a) { return (vf)((vi)a & 0x7fffffff); }
 inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
@@ -257,52 +280,36 @@ inline int32_t to_int8(const float* qf, int8_t* q, int64_t n) {
   return sum;
 }
 
-// The index of the largest of n floats, the first one where several are equal, and the first NaN where there is
-// one (torch.argmax's answer in every case): 16 running maxima with their indices by lane, a strict > so each
-// lane keeps its first, then the lane with the largest value (the smallest index among equals), then the tail.
-inline int64_t argmax(const float* x, int64_t n) {
-  const vi lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  vf best = splat(-INFINITY);
-  vi at = vi{} - 1, nan{};
+// The first k in [0, n) where x[k] == value, or with nan, where x[k] is a NaN; -1 if none. Compares 16 (AVX-512)
+// or 8 (AVX) lanes at once and takes the lowest set bit of the mask.
+inline int64_t first_index(const float* x, int64_t n, float value, bool nan) {
   int64_t k = 0;
-  if (n >= kLanes) {  // the first 16 as they are: a row of -inf still has its maxima (index 0 first)
-    best = load(x);
-    at = lanes;
-    nan = best != best;
-    k = kLanes;
+#if defined(__AVX512F__)
+  const __m512 target = _mm512_set1_ps(value);
+  for (; k + 16 <= n; k += 16) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    const __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
+    if (hit) return k + __builtin_ctz(hit);
   }
-  for (; k + kLanes <= n; k += kLanes) {
-    const vf v = load(x + k);
-    const vi more = v > best;
-    best = more ? v : best;
-    at = more ? lanes + static_cast<int32_t>(k) : at;
-    nan |= v != v;
+#elif defined(__AVX__)
+  const __m256 target = _mm256_set1_ps(value);
+  for (; k + 8 <= n; k += 8) {
+    const __m256 v = _mm256_loadu_ps(x + k);
+    const int hit = _mm256_movemask_ps(nan ? _mm256_cmp_ps(v, v, _CMP_UNORD_Q) : _mm256_cmp_ps(v, target, _CMP_EQ_OQ));
+    if (hit) return k + __builtin_ctz(hit);
   }
-  bool any_nan = false;
-  for (int l = 0; l < kLanes; ++l) any_nan |= nan[l] != 0;
-  for (int64_t j = k; j < n; ++j) any_nan |= x[j] != x[j];
-  if (any_nan) {
-    for (int64_t j = 0; j < n; ++j)
-      if (x[j] != x[j]) return j;
-  }
-  float top = -INFINITY;
-  int64_t index = 0;
-  bool found = false;
-  for (int l = 0; l < kLanes; ++l) {
-    if (at[l] < 0) continue;
-    if (!found || best[l] > top || (best[l] == top && at[l] < index)) {
-      top = best[l];
-      index = at[l];
-      found = true;
-    }
-  }
+#endif
   for (; k < n; ++k)
-    if (!found || x[k] > top) {
-      top = x[k];
-      index = k;
-      found = true;
-    }
-  return index;
+    if (nan ? x[k] != x[k] : x[k] == value) return k;
+  return -1;
+}
+
+// The index of the largest of n > 0 floats: the first one where several are equal, the first NaN where there is
+// one (torch.argmax's answer in every case). Two passes (the largest value, then where it first is), each a
+// packed compare.
+inline int64_t argmax(const float* x, int64_t n) {
+  const int64_t nan = first_index(x, n, 0.f, true);
+  return nan >= 0 ? nan : first_index(x, n, max_value(x, n), false);
 }
 
 // Quantize one row to integer values in [-127, 127] (kept as float for fbgemm); returns max |x| (the scale).

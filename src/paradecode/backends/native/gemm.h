@@ -74,6 +74,24 @@ __attribute__((always_inline)) inline void unroll(F&& f) {
   unroll_seq(std::make_index_sequence<N>{}, f);
 }
 
+// The last `left` (<= N) rows, from row r, as one tile of exactly that height.
+template <int N, class Tile>
+inline void rest_tile(int64_t left, int64_t r, Tile& tile) {
+  if constexpr (N >= 1) {
+    if (left == N) return tile(std::integral_constant<int, N>{}, r);
+    rest_tile<N - 1>(left, r, tile);
+  }
+}
+
+// Rows [0, rows) through `tile(rows_in_tile, first_row)`: MR at a time, then the rows left over as one tile of
+// their own height (3 rows left are one pass over the tile's weights, not three).
+template <int MR, class Tile>
+inline void row_tiles(int64_t rows, Tile&& tile) {
+  int64_t r = 0;
+  for (; r + MR <= rows; r += MR) tile(std::integral_constant<int, MR>{}, r);
+  rest_tile<MR - 1>(rows - r, r, tile);
+}
+
 // MR rows x NB blocks of 16 columns, quads [i0, i1) of k: the int32 sums in `sums` ([MR][NB][16], read and
 // written back, so a block's weights are read from memory once while every row's sums advance chunk by chunk).
 template <int MR, int NB>
@@ -173,14 +191,9 @@ inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < (i1 - i0) * 64; off += 64) __builtin_prefetch(ahead + b * block_bytes + off, 0, 2);
     }
-    int64_t r = 0;
-    for (; r + MR <= rows; r += MR)
-      gemm_tile<MR, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
-    if (MR > 2 && r + 2 <= rows) {
-      gemm_tile<(MR > 2 ? 2 : 1), NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
-      r += MR > 2 ? 2 : 1;
-    }
-    for (; r < rows; ++r) gemm_tile<1, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
+    row_tiles<MR>(rows, [&](auto mr, int64_t r) {
+      gemm_tile<decltype(mr)::value, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
+    });
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t offset = kOffsetSums ? 128 * rowsum[r] : 0;

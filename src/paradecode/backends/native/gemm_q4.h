@@ -164,24 +164,6 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
 #endif
 }
 
-// The last `left` (< N + 1) rows of a group, from row r, as one tile of exactly that height.
-template <int N, int NB, class Tile>
-inline void q4_rest_tile(int64_t left, int64_t r, Tile& tile) {
-  if constexpr (N >= 1) {
-    if (left == N) return tile(std::integral_constant<int, N>{}, r);
-    q4_rest_tile<N - 1, NB>(left, r, tile);
-  }
-}
-
-// Rows [0, rows) of one group through `tile(rows_in_tile, first_row)`: MR at a time, then the rows left over as
-// one tile of their own height (so 3 rows left are one pass over the group's weights, not three).
-template <int MR, int NB, class Tile>
-inline void q4_row_tiles(int64_t rows, Tile&& tile) {
-  int64_t r = 0;
-  for (; r + MR <= rows; r += MR) tile(std::integral_constant<int, MR>{}, r);
-  q4_rest_tile<MR - 1, NB>(rows - r, r, tile);
-}
-
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows): y[r * y_stride + c] for the tile's 16 * NB columns.
 template <int MR, int NB>
 inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride) {
@@ -198,7 +180,7 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < w.group_bytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
     }
-    q4_row_tiles<MR, NB>(rows, [&](auto mr, int64_t r) {
+    row_tiles<MR>(rows, [&](auto mr, int64_t r) {
       q4_tile<decltype(mr)::value, NB>(w, b0, g, part(r), acc + r * NB * kBlockCols);
     });
   }
@@ -218,7 +200,7 @@ inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
 // blocks on 256-bit code. One row on 8 blocks at once (8 streams, 30-140 KB apart at 1B-8B) read 10-20% slower
 // than on 4 with the weights asked for ahead (AMD EPYC Zen 4, a 2-thread microbenchmark of 3B and 8B layers;
 // equal at 0.5B, faster at 135M and 1B), and a one-token pass came out slower than a two-token one at 3B and 8B.
-// Rows left over after the 4-row tiles are one tile of their height (q4_row_tiles), on SmolLM2-135M's shapes
+// Rows left over after the 4-row tiles are one tile of their height (row_tiles), on SmolLM2-135M's shapes
 // with 2 threads: 2 rows took 0.58-0.67x the time of one row after the other, and 3 and 7 rows 0.70-0.87x the
 // time of their rest as 2 + 1 (benchmarks/q4_kernel.py prints the kernel's rate per row count). Taller tiles were slower: 8 x 2 blocks
 // 1.46x and 6 x 2 1.06x the 4 x 4 at 8 rows. At 4 x 4 the float part of each group (a conversion, a multiply and

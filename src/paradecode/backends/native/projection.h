@@ -123,12 +123,10 @@ struct Projection {
       ws.group_scale.resize(t * groups);
       ws.group_sum.resize(t * groups);
       at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
-        float qf[kQ4Group];
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t g = 0; g < groups; ++g) {  // each group of 32 inputs as the int8 rows are: p, a = amax / 127
             const int64_t at = r * k + g * kQ4Group, group = r * groups + g;
-            ws.group_scale[group] = quantize_row(x + at, qf, kQ4Group) / 127.f;
-            ws.group_sum[group] = static_cast<float>(to_int8(qf, ws.q.data() + at, kQ4Group, kQ4Group));
+            q4_quantize_group(x + at, ws.q.data() + at, ws.group_scale[group], ws.group_sum[group]);
           }
       });
       return t;

@@ -255,8 +255,8 @@ inline float max_value(const float* a, int64_t n) {  // exact in any order
 }
 
 // Integer-valued floats in [-127, 127] -> int8 (each conversion exact), and their sum (integers: exact in any
-// order). 16 at a time: a loop of scalar conversions cost ~4 us a projection per row, a tenth of a T = 8 forward's
-// quantization.
+// order). Written 16 lanes at a time rather than left to the loop vectorizer (which did vectorize the plain loop
+// for the Zen 4: 0.066 against 0.058 us per 1,536 values; this form does not depend on it).
 typedef int8_t vb __attribute__((vector_size(16), aligned(1), may_alias));
 inline int32_t to_int8(const float* qf, int8_t* q, int64_t n) {
   vi acc{};

@@ -4,9 +4,8 @@ peak of a plain vpdpbusd loop.
     python benchmarks/q4_kernel.py                       # SmolLM2-135M's four shapes and one far larger than the caches
     python benchmarks/q4_kernel.py --shapes 3072x576 --rows 1,2,3,4,8 --threads 1
 
-Compiles ``backends/native/gemm_q4.h`` alone (g++, ``-O3 -march=native -ffp-contract=off -fopenmp``: the
-native forward's flags) into a small program that fills random Q4_1 blocks, splits the column blocks over the
-threads as two contiguous halves and takes the best of ``--repeats`` passes for each row count. The peak loop
+Compiles ``backends/native/gemm_q4.h`` alone (g++ with the native forward's flags, ``native.FLAGS``) into a
+small program that fills random Q4_1 blocks, splits the column blocks over the threads as two contiguous halves and takes the best of ``--repeats`` passes for each row count. The peak loop
 runs 12 independent vpdpbusd chains per thread (AVX512-VNNI only; elsewhere it is skipped). A verify pass of T
 rows is compute-bound once T x multiply-adds per weight outrun the memory read: compare the GMAC/s here with the
 peak to see how far the kernel is from the instruction's limit on this CPU, and the large shape's GB/s with the
@@ -22,7 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-NATIVE = Path(__file__).resolve().parents[1] / "src" / "paradecode" / "backends" / "native"
+from paradecode.backends import native
+
+NATIVE = Path(native.__file__).parent
 
 SOURCE = r"""
 #include "gemm_q4.h"
@@ -128,8 +129,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "q4_kernel.cpp", Path(tmp) / "q4_kernel"
         source.write_text(SOURCE)
-        subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17",
-                        f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
+        subprocess.run([compiler, *native.FLAGS, f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
         out = subprocess.run([str(binary), str(args.threads), str(args.repeats), args.rows,
                               *[f"{n}x{k}" for n, k in shapes]], check=True, capture_output=True, text=True).stdout
     lines = out.split("\n")

@@ -225,8 +225,8 @@ inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
 // equal at 0.5B, faster at 135M and 1B), and a one-token pass came out slower than a two-token one at 3B and 8B.
 // Rows left over after the 4-row tiles are one tile of their height (row_tiles), on SmolLM2-135M's shapes
 // with 2 threads: 2 rows took 0.58-0.67x the time of one row after the other, and 3 and 7 rows 0.70-0.87x the
-// time of their rest as 2 + 1 (benchmarks/q4_kernel.py prints the kernel's rate per row count). Taller tiles were slower: 8 x 2 blocks
-// 1.46x and 6 x 2 1.06x the 4 x 4 at 8 rows. At 4 x 4 the float part of each group (a conversion, a multiply and
+// time of their rest as 2 + 1 (benchmarks/q4_kernel.py prints the kernel's rate per row count). Taller tiles
+// were slower: 8 x 2 blocks 1.46x and 6 x 2 1.06x the 4 x 4 at 8 rows. At 4 x 4 the float part of each group (a conversion, a multiply and
 // two fused multiply-adds per row and block, beside 8 vpdpbusd) shares the two vector multiply pipes of a Zen 4
 // core with vpdpbusd, which bounds this format near 47 multiply-adds a cycle per core; 64 rows ran at ~300 GMAC/s
 // on two cores, so a verify pass of 8 rows is compute-bound here, not weight-bound.

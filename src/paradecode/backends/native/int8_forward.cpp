@@ -352,11 +352,13 @@ class Int8Forward {
     // one head 0.27-0.31 ms (three pairs, AMD EPYC Zen 4), though one thread gets two units and the other one;
     // after 1,024 the two were within the noise (1.1-1.7 ms: the cache read dominates there).
     int64_t heads_per_unit = std::min<int64_t>(group, kMaxQueries);
+    int64_t rows_per_unit = kMaxQueries / heads_per_unit;
     int64_t grouped_units = 0;
-    for (const Segment& segment : segments)
-      grouped_units += hkv_ * ((segment.count + kMaxQueries / heads_per_unit - 1) / (kMaxQueries / heads_per_unit));
-    if (grouped_units < at::get_num_threads()) heads_per_unit = 1;
-    const int64_t rows_per_unit = std::max<int64_t>(1, kMaxQueries / heads_per_unit);
+    for (const Segment& segment : segments) grouped_units += hkv_ * ((segment.count + rows_per_unit - 1) / rows_per_unit);
+    if (grouped_units < at::get_num_threads()) {
+      heads_per_unit = 1;
+      rows_per_unit = kMaxQueries;
+    }
     units_.clear();
     for (int64_t s = 0; s < static_cast<int64_t>(segments.size()); ++s)
       for (int64_t g = 0; g < hkv_; ++g)

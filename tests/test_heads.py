@@ -1,4 +1,4 @@
-"""Trained-head drafters (eagle, eagle3, medusa): lossless with random heads, exact under sampling, heads load safely.
+"""Trained-head drafters (eagle, eagle3, parallel, medusa): lossless with random heads, exact under sampling, heads load safely.
 
 Greedy output equals ``ar`` token for token on tiny random models with randomly initialised heads (chains,
 trees, a draft vocabulary, EOS inside drafts, chain-only backends); sampled outputs follow the target's
@@ -43,7 +43,7 @@ def make_head(kind: str, model_dir, folder, seed: int = 0, draft_ids=None, scale
 def setup(tmp_path_factory):
     model_dir = tiny_model_dir(tmp_path_factory.mktemp("target"), seed=3)
     heads = {}
-    for kind in ("eagle", "eagle3", "medusa"):
+    for kind in ("eagle", "eagle3", "parallel", "medusa"):
         heads[kind] = make_head(kind, model_dir, tmp_path_factory.mktemp(kind), seed=1)
         subset = torch.randperm(len(WORDS), generator=torch.Generator().manual_seed(2))[:30]
         heads[kind + "-vocab"] = make_head(kind, model_dir, tmp_path_factory.mktemp(kind + "v"), 2, subset)
@@ -74,7 +74,10 @@ CASES = [("eagle", "", {"tree": True, "depth": 6, **FIXED}), ("eagle", "", {"dep
          ("eagle", "", {"tree": True, "head_dtype": "fp32", **FIXED}), ("medusa", "", {"head_dtype": "fp32", **FIXED}),
          ("eagle3", "", {"tree": True, "depth": 6, **FIXED}), ("eagle3", "", {"depth": 4, **FIXED}), ("eagle3", "", {}),
          ("eagle3", "eagle3-vocab", {"tree": True, "budget": 7, **FIXED}),
-         ("eagle3", "eagle3-vocab", {"tree": True, "draft_vocab": 10, "head_dtype": "fp32", **FIXED})]
+         ("eagle3", "eagle3-vocab", {"tree": True, "draft_vocab": 10, "head_dtype": "fp32", **FIXED}),
+         ("parallel", "", {"depth": 5, **FIXED}), ("parallel", "", {}), ("parallel", "", {"tree": True, **FIXED}),
+         ("parallel", "", {"tree": True, "budget": 9, "depth": 12, "branching": 2, **FIXED}),
+         ("parallel", "parallel-vocab", {"tree": True, "draft_vocab": 10, "head_dtype": "fp32", **FIXED})]
 
 
 @pytest.mark.parametrize("method,head,options", CASES)
@@ -93,7 +96,7 @@ def test_greedy_equals_autoregressive(setup, method, head, options):
         assert accepted > 0 or not options.get("tree")  # trees of random heads hit the target's token at times
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "parallel", "medusa"])
 def test_eos_inside_a_draft_and_chain_only_backends(setup, method):
     for prompt in PROMPTS[:3]:
         reference, _ = generate(setup, "ar", prompt, max_new_tokens=30)
@@ -105,7 +108,8 @@ def test_eos_inside_a_draft_and_chain_only_backends(setup, method):
         assert got == reference and all(s.parents is None for s in stats.steps)
 
 
-@pytest.mark.parametrize("method,tree", [("eagle", True), ("medusa", True), ("eagle", False), ("eagle3", True)])
+@pytest.mark.parametrize("method,tree", [("eagle", True), ("medusa", True), ("eagle", False), ("eagle3", True),
+                                         ("parallel", True), ("parallel", False)])
 def test_sampling_through_the_engine_matches_the_model(tmp_path, method, tree):
     """The first two tokens sampled with a random head and a draft vocabulary (trees of branching 3) follow
     the target's joint law p(a) p(b | a)."""
@@ -203,6 +207,57 @@ def test_unrolled_training_passes_compute_what_drafting_computes(setup, kind):
                 feature = out[0, -1]
 
 
+def test_parallel_training_passes_are_the_mask_rows_drafting_runs_in_one_forward(setup):
+    """Pass k of a parallel head's training unroll at position r + k - 2 equals row k - 1 of the one forward
+    the drafter runs from root r (the pairs 0..r-1, then mask rows), and a drafting step is one head forward
+    whatever its depth; deeper passes differ from EAGLE-3's (they read mask rows, not the head's outputs)."""
+    from paradecode.drafters.base import DecodeState
+    from paradecode.training.losses import Batch, eagle_passes
+
+    weights = target_weights(str(setup.model_dir))
+    torch.manual_seed(0)
+    module = build_head("parallel", HeadShape.from_target_config(weights.config), num_layers=2)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    tokens = torch.randint(2, len(WORDS), (14,))
+    backend = setup.backend
+    backend.reset()
+    aux = backend.forward(tokens, return_hidden=True, aux_layers=module.aux_layers).aux  # [T, A*D]
+    batch = Batch(tokens[None].repeat(2, 1), aux[None].repeat(2, 1, 1), torch.tensor([14, 14]), torch.tensor([3, 7]))
+    with torch.no_grad():
+        passes = eagle_passes(module, weights.embed, batch, depth=4)
+        for root in (2, 5, 9):
+            embeds, features = module.mask_rows(3)
+            embeds = torch.cat((weights.embed[tokens[1 : root + 1]], embeds))
+            features = torch.cat((module.fuse(aux[:root]), features))
+            out, _ = module(embeds[None], features[None], torch.arange(root + 3)[None],
+                            causal_mask(0, root + 3)[None], cache=EagleCache(module.shape, 64))
+            for k in range(1, 5):
+                for row in (0, 1):
+                    torch.testing.assert_close(passes[k - 1][row, root + k - 2], out[0, root - 2 + k], atol=1e-5,
+                                               rtol=1e-5)
+        eagle3 = build_head("eagle3", module.shape, num_layers=2)
+        eagle3.load_state_dict({k: v for k, v in module.state_dict().items() if not k.startswith("mask_")})
+        chained = eagle_passes(eagle3, weights.embed, batch, depth=2)
+        torch.testing.assert_close(chained[0], passes[0])  # pass 1 is EAGLE-3's
+        assert not torch.allclose(chained[1][:, 8:], passes[1][:, 8:])
+
+    context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
+    for depth in (2, 6):
+        drafter = get_method("parallel").create({"head": str(setup.heads["parallel"]), "depth": depth,
+                                                 "schedule": "fixed"}, context)
+        prompt = tokens[:8].tolist()
+        backend.reset()
+        hidden = backend.forward(torch.tensor(prompt[:-1]), aux_layers=drafter.aux_layers).aux
+        state = DecodeState(tokens=prompt, prompt_len=len(prompt), sampling=SamplingConfig(), rng=torch.Generator(),
+                            max_draft=8, target=backend, prompt_hidden=hidden)
+        drafter.begin(state)
+        proposal = drafter.propose(state)
+        assert len(proposal.tokens) == depth and drafter.draft_forward_passes == 1
+        assert drafter.cache.length == len(prompt) - 1  # the prompt's pairs stay, the mask rows do not
+
+
 def _depth(parents, node):
     depth = 0
     while node >= 0:
@@ -250,7 +305,7 @@ def test_int8_heads_quantize_every_linear_but_fc_including_the_draft_lm_head(set
     (outlier dimensions: a per-tensor int8 activation scale would flatten the rest; docs/heads.md)."""
     from paradecode.drafters.head_drafter import load_runtime
 
-    for kind in ("eagle", "eagle3", "medusa"):
+    for kind in ("eagle", "eagle3", "parallel", "medusa"):
         runtime = load_runtime(str(setup.heads[kind].resolve()), kind, str(setup.model_dir.resolve()), 0, "int8")
         modules = list(runtime.module.named_modules()) + list(runtime.lm.named_modules())
         assert [name for name, m in modules if type(m) is torch.nn.Linear] == (["fc"] if kind != "medusa" else [])

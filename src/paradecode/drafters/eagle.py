@@ -55,7 +55,7 @@ class EagleDrafter(HeadDrafter):
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
-        room = state.target.max_length + self.options.budget + 1
+        room = state.target.max_length + max(self.options.budget, self.options.depth) + 1
         self.cache = EagleCache(self.module.shape, room)
         features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2} (EAGLE-3: [P-1, A*D])
         # pairs not fed to the head yet: fed in one pass by the next step that drafts, so a step that drafts

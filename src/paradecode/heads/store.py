@@ -1,6 +1,6 @@
 """Saving, loading and checking draft heads: a folder with ``head.safetensors`` and ``config.json``.
 
-``config.json`` says what the head is (``kind``: eagle or medusa, its sizes), which target it was trained for
+``config.json`` says what the head is (``kind``: one of ``KINDS``, its sizes), which target it was trained for
 (sizes plus a fingerprint of the target's embedding matrix, so a head for another model fails clearly
 instead of drafting garbage), its draft vocabulary size and how it was trained. ``head.safetensors`` holds
 the head's weights (fp16) and, with a draft vocabulary, ``draft_ids`` [Vd]: the full-vocabulary id of each
@@ -21,9 +21,11 @@ from paradecode.errors import ParadecodeError
 from paradecode.heads.eagle import EagleHead, HeadShape
 from paradecode.heads.eagle3 import Eagle3Head, default_aux_layers
 from paradecode.heads.medusa import MedusaHeads
+from paradecode.heads.parallel import ParallelHead
 
-KINDS = ("eagle", "eagle3", "medusa")
-Head = EagleHead | Eagle3Head | MedusaHeads
+KINDS = ("eagle", "eagle3", "parallel", "medusa")
+AUX_KINDS = ("eagle3", "parallel")  # read the target's aux-layer features and score their own LM head
+Head = EagleHead | Eagle3Head | ParallelHead | MedusaHeads
 
 FORMAT_VERSION = 1
 WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped heads: weights/<model>-<kind>/
@@ -72,17 +74,18 @@ class LoadedHead:
 
 def build_head(kind: str, shape: HeadShape, num_heads: int = 4, *, num_layers: int = 0,
                aux_layers: tuple[int, ...] = (), draft_vocab: int = 0) -> Head:
-    """A fresh head of ``kind``. EAGLE-3 reads the inputs of ``aux_layers`` of a ``num_layers``-layer target
-    (default: ``default_aux_layers``) and scores ``draft_vocab`` tokens (0: the whole vocabulary)."""
+    """A fresh head of ``kind``. EAGLE-3 and the parallel head read the inputs of ``aux_layers`` of a
+    ``num_layers``-layer target (default: ``default_aux_layers``) and score ``draft_vocab`` tokens (0: the
+    whole vocabulary)."""
     if kind == "eagle":
         return EagleHead(shape)
-    if kind == "eagle3":
+    if kind in AUX_KINDS:
         aux_layers = tuple(aux_layers) or default_aux_layers(num_layers)
         bound = num_layers or max(aux_layers, default=0) + 1
         if not aux_layers or any(not 0 <= i < bound for i in aux_layers) or list(aux_layers) != sorted(set(aux_layers)):
             raise ParadecodeError(f"EAGLE-3 aux layers must be ascending layer indices of the target, got "
                                   f"{list(aux_layers)}.")
-        return Eagle3Head(shape, aux_layers, draft_vocab or shape.vocab_size)
+        return (Eagle3Head if kind == "eagle3" else ParallelHead)(shape, aux_layers, draft_vocab or shape.vocab_size)
     if kind == "medusa":
         return MedusaHeads(shape, num_heads)
     raise ParadecodeError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}.")

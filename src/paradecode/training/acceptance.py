@@ -9,7 +9,8 @@ training data's own kind of answers, so the two side by side show how far the tr
 benchmark.
 
 The cost side: ``draft_step_seconds`` times one draft step of a head as it drafts (one pair through the head
-with its own cache, then its draft logits; ``head_dtype`` int8 by default) against a one-token forward of the
+with its own cache, then its draft logits; a parallel head's pair comes with its mask rows; ``head_dtype`` int8
+by default) against a one-token forward of the
 target, both at the same context length, interleaved, medians.
 """
 
@@ -54,9 +55,12 @@ def head_acceptance(model, model_dir: Path, folder: str | Path, rows: list[dict]
 
 @torch.inference_mode()
 def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int = 256, repeats: int = 30,
-                       head_dtype: str = "int8") -> dict:
+                       head_dtype: str = "int8", depth: int = 4) -> dict:
     """Median seconds of one draft step of the head in ``folder`` and of a one-token target forward, at
-    ``context`` tokens of context; and their ratio (what one drafted token costs in target forwards)."""
+    ``context`` tokens of context; and their ratio. A step drafts one token (EAGLE: what one drafted token
+    costs in target forwards), or ``depth`` tokens for a parallel head (one pair and depth - 1 mask rows in
+    one forward) and all of Medusa's at once (``draft_tokens``)."""
+    from paradecode.backends.base import causal_mask
     from paradecode.drafters.head_drafter import load_runtime
     from paradecode.heads.eagle import EagleCache
 
@@ -71,8 +75,9 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
                           aux_layers=tuple(getattr(module, "aux_layers", ())))
     features = out.aux if out.aux is not None else out.hidden  # [context, W]
     head, cache = None, None
+    masks = depth - 1 if kind == "parallel" else 0  # the parallel head drafts every depth in the one forward
     if kind != "medusa":
-        cache = EagleCache(module.shape, context + 2)
+        cache = EagleCache(module.shape, context + 2 + masks)
         module(runtime.embed[ids[1 : context + 1]][None], module.fuse(features)[None], torch.arange(context)[None],
                torch.ones(context, context, dtype=torch.bool).tril()[None], cache=cache)
         head = module.fuse(features[-1:])[None]  # [1, 1, D]: a feature as the step feeds it
@@ -82,7 +87,12 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
             runtime.draft_logits(module(features[-1:].float())[:, 0])
             return
         cache.length = context
-        feature, _ = module(runtime.embed[ids[-1:]][None], head, torch.tensor([[context]]), None, cache=cache)
+        embeds, fed = runtime.embed[ids[-1:]], head[0]  # [1, D] each
+        if masks:
+            mask_embeds, mask_features = module.mask_rows(masks)
+            embeds, fed = torch.cat((embeds, mask_embeds)), torch.cat((fed, mask_features))
+        feature, _ = module(embeds[None], fed[None], torch.arange(context, context + 1 + masks)[None],
+                            causal_mask(context, 1 + masks)[None], cache=cache)
         runtime.draft_logits(feature[0])
 
     def forward() -> None:
@@ -97,7 +107,9 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
             times.append(time.perf_counter() - started)
     backend.reset()
     d, f = statistics.median(draft), statistics.median(full)
-    return dict(draft_step_ms=round(d * 1e3, 3), target_forward_ms=round(f * 1e3, 3), ratio=round(d / f, 3))
+    drafts = depth if kind == "parallel" else getattr(module, "num_heads", 1) if kind == "medusa" else 1
+    return dict(draft_step_ms=round(d * 1e3, 3), target_forward_ms=round(f * 1e3, 3), ratio=round(d / f, 3),
+                draft_tokens=drafts)
 
 
 def evaluate_heads(model, model_dir: Path, folders: Sequence[str], prompts: Sequence[list[int]],

@@ -27,14 +27,16 @@ def add_commands(commands) -> None:
     from paradecode.models import DEFAULT_MODEL
 
     train = commands.add_parser(
-        "train-draft", help="train an EAGLE, EAGLE-3 or Medusa draft head by self-distillation",
+        "train-draft", help="train an EAGLE, EAGLE-3, parallel or Medusa draft head by self-distillation",
         description="Answer a prompt set with the target model, record its hidden states, and train a draft head "
                     "on them. Writes OUT/head.safetensors and OUT/config.json (use with --opt head=OUT).")
     train.add_argument("--kind", choices=KINDS, required=True,
                        help="eagle (EAGLE-1: the last hidden state, predicts the next one), eagle3 (the inputs of "
-                            "three target layers, its own draft LM head) or medusa")
+                            "three target layers, its own draft LM head), parallel (eagle3's head drafting every "
+                            "position of a chain in one forward, from mask rows) or medusa")
     train.add_argument("--aux-layers", default="",
-                       help="eagle3: comma-separated target layers whose inputs it reads (default: 2, L/2, L-3)")
+                       help="eagle3, parallel: comma-separated target layers whose inputs it reads "
+                            "(default: 2, L/2, L-3)")
     train.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
                        help=f"target model (default: {DEFAULT_MODEL})")
     add_cache_argument(train)
@@ -73,7 +75,8 @@ def add_commands(commands) -> None:
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--draft-vocab", type=int, default=4096,
                        help="draft logits over this many most frequent answer tokens; 0: full vocabulary")
-    train.add_argument("--depth", type=int, default=3, help="eagle: draft depths unrolled in training (default: 3)")
+    train.add_argument("--depth", type=int, default=3,
+                       help="eagle, eagle3, parallel: draft depths unrolled in training (default: 3)")
     train.add_argument("--medusa-heads", type=int, default=4)
     train.add_argument("--init", default="", type=folder_to_read("--init"),
                        help="start from this head folder (same kind and target) instead of a fresh head, e.g. "
@@ -141,6 +144,8 @@ def add_commands(commands) -> None:
 def run_train(args: argparse.Namespace) -> int:
     import torch
 
+    from paradecode.heads.store import AUX_KINDS
+
     from paradecode.models import resolve
     from paradecode.training.pipeline import train_draft_head
     from paradecode.training.prompts import read_prompts
@@ -164,10 +169,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise ParadecodeError(f"--aux-layers must be comma-separated layer numbers, got {args.aux_layers!r}.") from None
     if args.data_only and args.train_only:
         raise ParadecodeError("--data-only and --train-only exclude each other.")
-    if aux_layers and args.kind != "eagle3":
-        raise ParadecodeError("--aux-layers applies to --kind eagle3 only.")
-    if args.kind == "eagle3" and args.labels == "soft":
-        raise ParadecodeError("eagle3 heads train on hard labels only: drop --labels soft.")
+    if aux_layers and args.kind not in AUX_KINDS:
+        raise ParadecodeError("--aux-layers applies to --kind eagle3 and parallel only.")
+    if args.kind in AUX_KINDS and args.labels == "soft":
+        raise ParadecodeError(f"{args.kind} heads train on hard labels only: drop --labels soft.")
     if args.init and not (Path(args.init) / "config.json").is_file():
         raise ParadecodeError(f"--init {args.init} is not a head folder (it needs config.json and head.safetensors).")
     prompt_sets = [(source, read_prompts(source, count)) for source, count in zip(sources, counts)]
@@ -234,10 +239,11 @@ def run_eval(args: argparse.Namespace) -> int:
                              log=_log)
     print(f"teacher-forced chain acceptance on {len(questions)} questions' answers ({Path(path).name})")
     print("head | kind | " + " | ".join(f"depth {k}" for k in range(1, args.depth + 1)) +
-          " | tau (chain) | draft step ms | target forward ms | ratio")
+          " | tau (chain) | draft step ms (tokens) | target forward ms | ratio")
     for r in results:
         print(f"{r['head']} | {r['kind']} | " + " | ".join(f"{a:.3f}" for a in r["acceptance"]) +
-              f" | {r['tau_chain']:.2f} | {r['draft_step_ms']:.2f} | {r['target_forward_ms']:.2f} | {r['ratio']:.2f}")
+              f" | {r['tau_chain']:.2f} | {r['draft_step_ms']:.2f} ({r['draft_tokens']}) | {r['target_forward_ms']:.2f}"
+              f" | {r['ratio']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(questions=len(questions), results=results), indent=1) + "\n")
     return 0

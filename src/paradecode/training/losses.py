@@ -4,7 +4,8 @@ A batch holds right-padded sequences (prompt + the target's answer): ``tokens`` 
 states ``hidden`` [B, T, D] (for EAGLE-3: its aux features [B, T, A*D]) and the validity masks below. Draft logits are taken over the draft vocabulary
 only; a label outside it is ignored (it can never be drafted).
 
-EAGLE and EAGLE-3 (the same unrolling; EAGLE-3 scores its own LM head and learns no feature), unrolled like a real chain (the "training-time test" of EAGLE-3, in its exact form): pass 1 feeds
+EAGLE, EAGLE-3 and the parallel head (the same unrolling; EAGLE-3 scores its own LM head and learns no
+feature; the parallel head feeds mask rows to passes k >= 2), unrolled like a real chain (the "training-time test" of EAGLE-3, in its exact form): pass 1 feeds
 the pairs (f_i, t_{i+1}) and predicts f_{i+1}, hence t_{i+2}. Pass k (k >= 2) at position i is the depth-k
 draft of a chain whose root is r = i - k + 2: its input feature is pass k-1's output at i - 1, and it attends
 to pass 1's keys at positions <= r - 1 (the committed pairs, true features) and to pass j's key at
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from paradecode.heads.eagle import EagleHead
 from paradecode.heads.eagle3 import Eagle3Head
+from paradecode.heads.parallel import ParallelHead
 from paradecode.heads.medusa import MedusaHeads
 
 
@@ -80,8 +82,9 @@ def _labels(batch: Batch, vocab: DraftVocab, shift: int) -> torch.Tensor:
     return labels
 
 
-def eagle_passes(head: EagleHead | Eagle3Head, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
+def eagle_passes(head: EagleHead | Eagle3Head | ParallelHead, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
     """Outputs of passes 1..depth, each [B, T, D] (position i of pass k: the depth-k draft from root i-k+2).
+    A parallel head's passes k >= 2 read its mask rows instead of the previous pass's outputs.
 
     Pass k >= 2 runs only from the first position whose root can count (the batch's shortest prompt): a
     prompt's earlier positions have no chain; their outputs are left at zero and never read."""
@@ -90,6 +93,7 @@ def eagle_passes(head: EagleHead | Eagle3Head, embed: torch.Tensor, batch: Batch
     positions = torch.arange(t)[None].expand(b, t)
     first_root = max(0, int(batch.prompt_lens.min()) - 1)  # no chain starts earlier
     features, keys, values, outputs, starts = head.fuse(batch.hidden), [], [], [], []
+    parallel = getattr(head, "parallel", False)
     for k in range(1, depth + 1):
         start = 0 if k == 1 else min(t - 1, first_root + k - 2)  # root i - k + 2 >= first_root
         starts.append(start)
@@ -98,7 +102,11 @@ def eagle_passes(head: EagleHead | Eagle3Head, embed: torch.Tensor, batch: Batch
         blocks += [torch.arange(starts[j - 1], t)[None] == i - k + j for j in range(2, k + 1)]  # passes 2..k
         mask = torch.cat(blocks, dim=1)[None]  # [1, T - start, keys so far]
         extra = (torch.cat(keys, 2), torch.cat(values, 2)) if keys else None
-        out, (key, value) = head(embeds[:, start:], features[:, start:], positions[:, start:], mask, extra_kv=extra)
+        if k >= 2 and parallel:  # mask row k - 1 after the pairs 0..i-k+1 (``heads/parallel.py``)
+            pass_embeds, pass_features = head.mask_rows(b, t - start)
+        else:
+            pass_embeds, pass_features = embeds[:, start:], features[:, start:]
+        out, (key, value) = head(pass_embeds, pass_features, positions[:, start:], mask, extra_kv=extra)
         keys.append(key)
         values.append(value)
         out = F.pad(out, (0, 0, start, 0))  # [B, T, D]

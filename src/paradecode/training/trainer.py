@@ -18,11 +18,11 @@ import torch
 
 from paradecode.errors import ParadecodeError
 from paradecode.heads.eagle import HeadShape
-from paradecode.heads.store import TargetWeights, build_head, head_config, save_head
+from paradecode.heads.store import AUX_KINDS, TargetWeights, build_head, head_config, save_head
 from paradecode.training.losses import (DraftVocab, chain_acceptance, draft_vocab, eagle_loss, make_batch,
                                         medusa_loss)
 
-LOSSES = {"eagle": eagle_loss, "eagle3": eagle_loss, "medusa": medusa_loss}
+LOSSES = {"eagle": eagle_loss, "eagle3": eagle_loss, "parallel": eagle_loss, "medusa": medusa_loss}
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,10 @@ class TrainConfig:
     batch_size: int = 8  # sequences per step
     lr: float = 1e-3
     draft_vocab: int = 4096  # draft logits over this many most frequent answer tokens (0: the full vocabulary)
-    depth: int = 3  # eagle, eagle3: unrolled draft depths trained per step (the training-time test)
+    depth: int = 3  # eagle, eagle3, parallel: unrolled draft depths trained per step (the training-time test)
     eval_depth: int = 5  # eagle: depths the held-out acceptance estimate unrolls
     medusa_heads: int = 4
-    aux_layers: tuple[int, ...] = ()  # eagle3: the target layers whose inputs it reads (empty: 2, L/2, L-3)
+    aux_layers: tuple[int, ...] = ()  # eagle3, parallel: the target layers whose inputs it reads (empty: 2, L/2, L-3)
     feature_loss: float = 1.0  # eagle: weight of the smooth-L1 loss on the predicted feature (0: tokens only)
     soft_labels: bool = False  # True: KL to the target's distribution over the draft vocabulary; False: CE on its token
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 weights) | auto: bf16 where it measures faster
@@ -53,9 +53,9 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     of ``aux_layers`` (EAGLE-3), or with no aux layers the last hidden state (rows stored without it)."""
     from tqdm import tqdm
 
-    if config.kind == "eagle3" and config.soft_labels:
-        raise ParadecodeError("eagle3 heads train on hard labels only (--labels hard).")
-    needs_features = config.kind == "eagle3" or any("hidden" not in r for r in rows)
+    if config.kind in AUX_KINDS and config.soft_labels:
+        raise ParadecodeError(f"{config.kind} heads train on hard labels only (--labels hard).")
+    needs_features = config.kind in AUX_KINDS or any("hidden" not in r for r in rows)
     if needs_features and features is None:
         raise ParadecodeError("these rows carry no hidden states (or an eagle3 head needs other layers'): "
                               "train through train_draft_head, which computes them with the target.")
@@ -69,7 +69,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
     shape = HeadShape.from_target_config(target.config)
     head = build_head(config.kind, shape, config.medusa_heads, num_layers=target.config["num_hidden_layers"],
                       aux_layers=config.aux_layers, draft_vocab=len(vocab.ids))
-    if config.kind == "eagle3":
+    if config.kind in AUX_KINDS:
         head.init_lm_head(lm_rows)
     batch_features = functools.partial(features, aux_layers=head.aux_layers) if needs_features else None
     if config.init:
@@ -148,7 +148,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
     if not saved_config:  # every epoch was done before: the head on disk is the result
         saved_config = json.loads((out / "config.json").read_text())
-    elif config.draft_vocab and config.kind != "eagle3":  # (eagle3 scores its own LM head's rows)
+    elif config.draft_vocab and config.kind not in AUX_KINDS:  # (eagle3, parallel: their own LM head's rows)
         saved_config["training"]["vocab_sweep"] = vocab_sweep(head, target, vocab, holdout, config, batch_features)
         log(f"draft vocabulary size vs held-out acceptance: {saved_config['training']['vocab_sweep']}")
         save_head(out, head, saved_config, vocab.ids)

@@ -300,6 +300,29 @@ def test_cost_schedule_cuts_greedy_trees_of_a_random_head(setup, method):
     assert cut_stats.drafted_tokens < full_stats.drafted_tokens / 2
 
 
+@pytest.mark.parametrize("method", ["medusa", "parallel"])
+def test_a_head_whose_cuts_keep_nothing_rests(setup, method):
+    """Greedy under the cost schedule with a random head: after cuts that keep nothing the head skips steps
+    (1, 2, 4, ...), so it runs in far fewer steps than the fixed schedule's every one; the output is ar's."""
+    from paradecode.drafters.head_drafter import HeadDrafter
+
+    prompt, new = PROMPTS[4], 120
+    expected, _ = generate(setup, "ar", prompt, max_new_tokens=new)
+    runs = {}
+    for schedule in ("cost", "fixed"):
+        context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
+        drafter = get_method(method).create({"head": str(setup.heads[method]), "schedule": schedule}, context)
+        stats = DecodeStats()
+        config = GenerationConfig(max_new_tokens=new, sampling=SamplingConfig(temperature=0.0))
+        out = [t for step in decode(setup.backend, drafter, prompt, config, stats=stats) for t in step]
+        assert out == expected
+        runs[schedule] = (drafter.draft_forward_passes, len(stats.steps))
+    (cost_passes, cost_steps), (fixed_passes, fixed_steps) = runs["cost"], runs["fixed"]
+    assert fixed_passes == fixed_steps - 1  # (the last step drafts nothing: no token budget left)
+    assert cost_passes < cost_steps / 3
+    assert HeadDrafter.MAX_REST >= 8
+
+
 def test_int8_heads_quantize_every_linear_but_fc_including_the_draft_lm_head(setup):
     """head_dtype=int8: every linear layer runs int8 except EAGLE's ``fc``, which reads the target's features
     (outlier dimensions: a per-tensor int8 activation scale would flatten the rest; docs/heads.md)."""

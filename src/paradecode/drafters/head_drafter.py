@@ -153,12 +153,16 @@ class HeadDrafter(ScheduledDrafter):
         self.module = self.runtime.module
         self.draft_forward_passes = 0
 
+    MAX_REST = 16  # most steps in a row the head rests after cuts that kept nothing
+
     def begin(self, state: DecodeState) -> None:
         self.schedule = make_schedule(self.options.schedule, self.options.depth, self.options.depth, state)
         self.scheduled = False
         self.cutting = False
         self.calibration = Calibration()
         self.last: Proposal | None = None
+        self.empty_cuts = 0  # cuts in a row that kept no node
+        self.rest = 0  # steps the head still skips
 
     def chain_length(self, state: DecodeState) -> int:
         """Most tokens to draft this step: the schedule's choice for a chain (0: plain decoding), ``depth`` for a
@@ -168,15 +172,25 @@ class HeadDrafter(ScheduledDrafter):
         self.cutting = self.options.schedule == "cost" and state.sampling.greedy
         self.scheduled = self.cutting or not tree
         if self.cutting:
-            return self.schedule.candidates()
+            candidates = self.schedule.candidates()
+            if self.rest:  # the last cuts kept nothing: running the head again now would likely be wasted
+                self.rest -= 1
+                return 0
+            return candidates
         return self.schedule.length() if self.scheduled else self.options.depth
 
     def finish(self, proposal: Proposal) -> Proposal:
         """The step's proposal as sent: when cutting, the prefix of nodes (parents come before children, so
         every prefix is a tree) that maximises expected tokens per second, where a node's chance is the
-        product of its path's calibrated confidences and the cost is the schedule's measured verify time."""
+        product of its path's calibrated confidences and the cost is the schedule's measured verify time.
+        A cut that keeps nothing means the head ran for nothing: the head then rests 1, 2, 4, ... (at most
+        ``MAX_REST``) steps, each plain decoding without a head forward, until a cut keeps a node again (a
+        head that never pays costs a head forward every ``MAX_REST`` steps; the schedule's one-token probes
+        still come, from the steps it runs)."""
         if self.cutting and proposal.tokens and proposal.confidences is not None:
             keep = self.schedule.best_prefix(self.calibration.path_chances(proposal))
+            self.empty_cuts = self.empty_cuts + 1 if keep == 0 else 0
+            self.rest = min(2 ** (self.empty_cuts - 1), self.MAX_REST) if keep == 0 else 0
             proposal = Proposal(tokens=proposal.tokens[:keep], parents=tree_parents(proposal.node_parents[:keep]),
                                 confidences=proposal.confidences[:keep])
         self.last = proposal

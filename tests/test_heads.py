@@ -228,9 +228,10 @@ def test_parallel_training_passes_are_the_mask_rows_drafting_runs_in_one_forward
     with torch.no_grad():
         passes = eagle_passes(module, weights.embed, batch, depth=4)
         for root in (2, 5, 9):
-            embeds, features = module.mask_rows(3)
+            fused = module.fuse(aux[:root])
+            embeds, features = module.mask_rows(3, fused[-1])
             embeds = torch.cat((weights.embed[tokens[1 : root + 1]], embeds))
-            features = torch.cat((module.fuse(aux[:root]), features))
+            features = torch.cat((fused, features))
             out, _ = module(embeds[None], features[None], torch.arange(root + 3)[None],
                             causal_mask(0, root + 3)[None], cache=EagleCache(module.shape, 64))
             for k in range(1, 5):
@@ -238,7 +239,7 @@ def test_parallel_training_passes_are_the_mask_rows_drafting_runs_in_one_forward
                     torch.testing.assert_close(passes[k - 1][row, root + k - 2], out[0, root - 2 + k], atol=1e-5,
                                                rtol=1e-5)
         eagle3 = build_head("eagle3", module.shape, num_layers=2)
-        eagle3.load_state_dict({k: v for k, v in module.state_dict().items() if not k.startswith("mask_")})
+        eagle3.load_state_dict({k: v for k, v in module.state_dict().items() if k != "mask_embed"})
         chained = eagle_passes(eagle3, weights.embed, batch, depth=2)
         torch.testing.assert_close(chained[0], passes[0])  # pass 1 is EAGLE-3's
         assert not torch.allclose(chained[1][:, 8:], passes[1][:, 8:])
@@ -269,6 +270,12 @@ def _depth(parents, node):
 def test_bad_head_dtype_is_refused_clearly(method):
     with pytest.raises(ParadecodeError, match="head_dtype must be one of int8, fp32"):
         get_method(method).Options(head_dtype="bf16")
+
+
+def test_a_parallel_draft_deeper_than_the_heads_mask_rows_is_refused_clearly():
+    with pytest.raises(ParadecodeError, match="parallel option depth must be <= 16"):
+        get_method("parallel").Options(depth=17)
+    assert get_method("parallel").Options(depth=16).depth == 16
 
 
 def test_calibration_counts_judged_nodes_and_chains_path_chances():

@@ -22,6 +22,8 @@ from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.eagle import Eagle3Drafter
 from paradecode.drafters.head_drafter import check_tree_options
 from paradecode.drafters.head_tree import DraftTree, grow_tree, tree_limits
+from paradecode.errors import ParadecodeError
+from paradecode.heads.parallel import MAX_MASKS
 from paradecode.registry import register
 
 
@@ -32,13 +34,16 @@ class ParallelOptions:
     budget: int = 12  # most tree nodes per step
     branching: int = 3  # most children per node
     width: int = 12  # nodes offered per round (every depth is scored in the one forward: wide rounds are free)
-    depth: int = 4  # deepest draft: the forward's mask rows are depth - 1
+    depth: int = 4  # deepest draft: the forward's mask rows are depth - 1 (at most MAX_MASKS + 1)
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
     head_dtype: str = "int8"  # int8: linears + draft LM head quantized at load (a quarter of the reads) | fp32
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
 
     def __post_init__(self) -> None:
         check_tree_options("parallel", self)
+        if self.depth > MAX_MASKS + 1:
+            raise ParadecodeError(f"parallel option depth must be <= {MAX_MASKS + 1} (the head's mask rows), "
+                                  f"got {self.depth}.")
 
 
 @register("parallel")
@@ -52,6 +57,7 @@ class ParallelDrafter(Eagle3Drafter):
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
         self.last_output: torch.Tensor | None = None  # [D] the last committed pair's output (depth 1's feature)
+        self.last_fused: torch.Tensor | None = None  # [D] its fused target feature (the mask rows' feature)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
@@ -73,12 +79,14 @@ class ParallelDrafter(Eagle3Drafter):
         """One head forward over the pending pairs and ``masks`` mask rows -> output features [1 + masks, D]:
         the last pair's (depth 1), then each mask row's. The pairs stay in the cache, the mask rows do not."""
         committed = self.cache.length
-        features = [self.module.fuse(torch.cat([f for f, _ in self.pending]))] if self.pending else []  # [P, D]
         tokens = [t for _, chunk in self.pending for t in chunk]
         pairs = len(tokens)
-        mask_embeds, mask_features = self.module.mask_rows(masks)  # [M, D] each
+        if pairs:
+            fused = self.module.fuse(torch.cat([f for f, _ in self.pending]))  # [P, D]
+            self.last_fused = fused[-1]
+        mask_embeds, mask_features = self.module.mask_rows(masks, self.last_fused)  # [M, D] each
         embeds = torch.cat((self.runtime.embed[torch.tensor(tokens, dtype=torch.long)], mask_embeds))
-        features = torch.cat(features + [mask_features])
+        features = torch.cat((fused, mask_features)) if pairs else mask_features
         rows = pairs + masks
         out, _ = self.module(embeds[None], features[None], torch.arange(committed, committed + rows)[None],
                              causal_mask(committed, rows)[None], cache=self.cache)

@@ -1,12 +1,14 @@
 """A parallel draft head: EAGLE-3's layer that fills k draft positions in one forward, from mask rows.
 
 EAGLE-3 (``heads/eagle3.py``) drafts a chain of k tokens in k head forwards: each draft position reads the
-head's output for the one before. Parallel drafters (PARD, DFlash: Lin et al. 2025, Chen et al. 2026) append
+head's output for the one before. Parallel drafters (PARD, DFlash) append
 k - 1 *mask* rows after the last committed pair instead and draft every position in the same forward. This
 head is EAGLE-3's (the same fused low/mid/high target features, the same layer, its own draft LM head) plus
-two learned vectors:
+mask rows:
 
-* ``mask_embed`` [D] stands in for the token embedding of a mask row, ``mask_feature`` [D] for its feature.
+* ``mask_embed`` [M, D]: the token embedding of mask row m (m = 1..M, one row per depth, so the layer's MLP
+  knows which depth it scores). A mask row's feature (where its residual stream starts) is the fused target
+  feature of the last committed pair, the context Medusa's heads read, and its attention reads the rest.
 * With pairs 0..n-1 committed (pair j = (g_j, t_{j+1}) at RoPE position j, as EAGLE-3), pair n-1's output
   scores t_{n+1} (depth 1, as EAGLE-3) and mask row m (m = 1..k-1) at position n - 1 + m scores t_{n+1+m}
   (depth m + 1). Mask rows attend causally: to every committed pair and to the mask rows before them.
@@ -30,18 +32,23 @@ from paradecode.heads.eagle import HeadShape
 from paradecode.heads.eagle3 import Eagle3Head
 
 
+MAX_MASKS = 15  # mask rows the head has embeddings for: drafts at most 16 deep
+
+
 class ParallelHead(Eagle3Head):
     kind = "parallel"
     parallel = True  # passes k >= 2 read the mask rows (``mask_rows``), not the previous pass's output
 
     def __init__(self, shape: HeadShape, aux_layers: tuple[int, ...], draft_vocab: int) -> None:
         super().__init__(shape, aux_layers, draft_vocab)
-        d = shape.hidden_size
         generator = torch.Generator().manual_seed(0)
-        self.mask_embed = nn.Parameter(torch.randn(d, generator=generator))  # RMS-normed before use
-        self.mask_feature = nn.Parameter(0.02 * torch.randn(d, generator=generator))
+        self.mask_embed = nn.Parameter(torch.randn(MAX_MASKS, shape.hidden_size, generator=generator))  # RMS-normed
 
-    def mask_rows(self, *lead: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token embeddings and features of mask rows, each [*lead, D]."""
-        d = self.shape.hidden_size
-        return self.mask_embed.expand(*lead, d), self.mask_feature.expand(*lead, d)
+    def mask_rows(self, masks: int, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token embeddings and features of mask rows 1..``masks`` after a pair whose fused feature is ``last``
+        [*lead, D]: each [*lead, masks, D]."""
+        if not 0 <= masks <= MAX_MASKS:
+            raise ValueError(f"a parallel head drafts at most {MAX_MASKS + 1} positions, asked for {masks + 1}")
+        lead = last.shape[:-1]
+        embeds = self.mask_embed[:masks].expand(*lead, masks, self.shape.hidden_size)
+        return embeds, last.unsqueeze(-2).expand(*lead, masks, self.shape.hidden_size)

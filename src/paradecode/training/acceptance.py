@@ -89,7 +89,7 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
         cache.length = context
         embeds, fed = runtime.embed[ids[-1:]], head[0]  # [1, D] each
         if masks:
-            mask_embeds, mask_features = module.mask_rows(masks)
+            mask_embeds, mask_features = module.mask_rows(masks, head[0, 0])
             embeds, fed = torch.cat((embeds, mask_embeds)), torch.cat((fed, mask_features))
         feature, _ = module(embeds[None], fed[None], torch.arange(context, context + 1 + masks)[None],
                             causal_mask(context, 1 + masks)[None], cache=cache)

@@ -84,7 +84,8 @@ def _labels(batch: Batch, vocab: DraftVocab, shift: int) -> torch.Tensor:
 
 def eagle_passes(head: EagleHead | Eagle3Head | ParallelHead, embed: torch.Tensor, batch: Batch, depth: int) -> list[torch.Tensor]:
     """Outputs of passes 1..depth, each [B, T, D] (position i of pass k: the depth-k draft from root i-k+2).
-    A parallel head's passes k >= 2 read its mask rows instead of the previous pass's outputs.
+    A parallel head's passes k >= 2 read its mask rows (mask row k - 1, whose feature is the anchor pair's
+    g_{i-k+1}) instead of the previous pass's outputs.
 
     Pass k >= 2 runs only from the first position whose root can count (the batch's shortest prompt): a
     prompt's earlier positions have no chain; their outputs are left at zero and never read."""
@@ -93,7 +94,7 @@ def eagle_passes(head: EagleHead | Eagle3Head | ParallelHead, embed: torch.Tenso
     positions = torch.arange(t)[None].expand(b, t)
     first_root = max(0, int(batch.prompt_lens.min()) - 1)  # no chain starts earlier
     features, keys, values, outputs, starts = head.fuse(batch.hidden), [], [], [], []
-    parallel = getattr(head, "parallel", False)
+    parallel, fused = getattr(head, "parallel", False), features
     for k in range(1, depth + 1):
         start = 0 if k == 1 else min(t - 1, first_root + k - 2)  # root i - k + 2 >= first_root
         starts.append(start)
@@ -103,7 +104,8 @@ def eagle_passes(head: EagleHead | Eagle3Head | ParallelHead, embed: torch.Tenso
         mask = torch.cat(blocks, dim=1)[None]  # [1, T - start, keys so far]
         extra = (torch.cat(keys, 2), torch.cat(values, 2)) if keys else None
         if k >= 2 and parallel:  # mask row k - 1 after the pairs 0..i-k+1 (``heads/parallel.py``)
-            pass_embeds, pass_features = head.mask_rows(b, t - start)
+            pass_embeds = head.mask_embed[k - 2].expand(b, t - start, -1)
+            pass_features = F.pad(fused[:, : t - k + 1], (0, 0, k - 1, 0))[:, start:]  # g_{i-k+1}
         else:
             pass_embeds, pass_features = embeds[:, start:], features[:, start:]
         out, (key, value) = head(pass_embeds, pass_features, positions[:, start:], mask, extra_kv=extra)

@@ -26,8 +26,9 @@ from paradecode.backends import native
 NATIVE = Path(native.__file__).parent
 
 SOURCE = r"""
-#include "gemm_q4.h"
+#include "gemm_q4_amx.h"
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -68,8 +69,13 @@ int main(int argc, char** argv) {
   const int threads = std::atoi(argv[1]), repeats = std::atoi(argv[2]);
   std::vector<int> rows_list;
   for (char* p = std::strtok(argv[3], ","); p; p = std::strtok(nullptr, ",")) rows_list.push_back(std::atoi(p));
+  const bool amx = std::strcmp(argv[4], "amx") == 0;
+  if (amx && !amx_ready()) {
+    std::printf("no-amx\n");
+    return 0;
+  }
   std::printf("peak %.1f\n", peak(threads));
-  for (int s = 4; s < argc; ++s) {
+  for (int s = 5; s < argc; ++s) {
     const int64_t n = std::atoll(argv[s]), k = std::atoll(std::strchr(argv[s], 'x') + 1);
     std::mt19937 rng(1);
     std::vector<uint8_t> w(q4_packed_bytes(n, k, true));
@@ -82,7 +88,7 @@ int main(int argc, char** argv) {
           std::memcpy(w.data() + (b * W.groups + g) * kQ4GroupBytes + 256 + 2 * i, &h, 2);
         }
     for (int rows : rows_list) {
-      std::vector<int8_t> p(rows * k);
+      std::vector<int8_t> p(q4_amx_padded_rows(rows) * k);
       for (auto& v : p) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
       std::vector<float> scale(rows * W.groups, 0.01f), sum(rows * W.groups, 3.f), y(rows * n);
       const Q4Rows x{p.data(), scale.data(), sum.data(), k, W.groups};
@@ -96,7 +102,7 @@ int main(int argc, char** argv) {
           per = (per + 3) / 4 * 4;
           const int64_t b0 = std::min(W.blocks, id * per), b1 = std::min(W.blocks, b0 + per);
           float spill[kMaxTileRows * kBlockCols];
-          if (b0 < b1) q4_gemm(W, x, rows, y.data(), n, b0, b1, spill);
+          if (b0 < b1) (amx ? q4_amx_gemm : q4_gemm)(W, x, rows, y.data(), n, b0, b1, spill);
         }
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
@@ -115,6 +121,9 @@ def main() -> int:
     parser.add_argument("--rows", default="1,2,3,4,6,8,16,32,64", help="rows per pass, comma-separated")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=9, help="passes per measurement; the best is kept")
+    parser.add_argument("--kernels", default="own,amx",
+                        help="own (the vector kernel, gemm_q4.h) and/or amx (its AMX tile form, gemm_q4_amx.h; "
+                             "skipped where the CPU or OS has no AMX), comma-separated")
     args = parser.parse_args()
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
@@ -124,24 +133,36 @@ def main() -> int:
         [int(r) for r in args.rows.split(",")]
     except ValueError:
         raise SystemExit("--shapes takes NxK pairs (e.g. 3072x576) and --rows integers, both comma-separated.")
+    kernels = args.kernels.split(",")
+    if not kernels or set(kernels) - {"own", "amx"}:
+        raise SystemExit(f"--kernels takes own and/or amx, comma-separated (got {args.kernels!r}).")
     if any(k % 32 for _, k in shapes):
         raise SystemExit("every shape's input count must be a multiple of 32 (the Q4 block size).")
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "q4_kernel.cpp", Path(tmp) / "q4_kernel"
         source.write_text(SOURCE)
         subprocess.run([compiler, *native.FLAGS, f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
-        out = subprocess.run([str(binary), str(args.threads), str(args.repeats), args.rows,
-                              *[f"{n}x{k}" for n, k in shapes]], check=True, capture_output=True, text=True).stdout
-    lines = out.split("\n")
-    peak = float(lines[0].split()[1])
-    print(f"vpdpbusd peak, {args.threads} threads: " + (f"{peak:.1f} GMAC/s" if peak else "n/a (no AVX512-VNNI)"))
-    print(f"{'shape':>12} {'rows':>5} {'ms':>8} {'GMAC/s':>8} {'of peak':>8} {'GB/s':>7}")
-    for line in lines[1:]:
-        if not line.strip():
+        outputs = {kernel: subprocess.run([str(binary), str(args.threads), str(args.repeats), args.rows, kernel,
+                                           *[f"{n}x{k}" for n, k in shapes]],
+                                          check=True, capture_output=True, text=True).stdout for kernel in kernels}
+    header = False
+    for kernel, out in outputs.items():
+        lines = out.split("\n")
+        if lines[0] == "no-amx":
+            print(f"{kernel}: not run (this CPU or OS offers no AMX tiles)")
             continue
-        shape, rows, seconds, gmacs, gbs = line.split()
-        share = f"{float(gmacs) / peak:.0%}" if peak else "-"
-        print(f"{shape:>12} {rows:>5} {float(seconds) * 1e3:8.3f} {float(gmacs):8.1f} {share:>8} {float(gbs):7.1f}")
+        peak = float(lines[0].split()[1])
+        if not header:
+            print(f"vpdpbusd peak, {args.threads} threads: " + (f"{peak:.1f} GMAC/s" if peak else "n/a (no AVX512-VNNI)"))
+            print(f"{'kernel':>6} {'shape':>12} {'rows':>5} {'ms':>8} {'GMAC/s':>8} {'of peak':>8} {'GB/s':>7}")
+            header = True
+        for line in lines[1:]:
+            if not line.strip():
+                continue
+            shape, rows, seconds, gmacs, gbs = line.split()
+            share = f"{float(gmacs) / peak:.0%}" if peak else "-"
+            print(f"{kernel:>6} {shape:>12} {rows:>5} {float(seconds) * 1e3:8.3f} {float(gmacs):8.1f} {share:>8} "
+                  f"{float(gbs):7.1f}")
     return 0
 
 

@@ -40,6 +40,7 @@ SOURCE = """
 #include "gemm.h"
 #include "gemm_amx.h"
 #include "gemm_q4.h"
+#include "gemm_q4_amx.h"
 namespace paradecode {
 extern "C" __attribute__((noinline, flatten)) void check_scores(const LayerCache& c, const int32_t* p, const float* const* q,
                                                                  int64_t seen, float* s) {
@@ -56,7 +57,15 @@ extern "C" __attribute__((noinline, flatten)) void check_amx(const PackedInt8& w
                                                               int64_t rows, float* y, int64_t b1, float* spill) {
   amx_gemm(w, q, 64, s, rows, y, 64, 0, b1, spill);
 }
+extern "C" __attribute__((noinline, flatten)) void check_q4_amx(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
+                                                                 int64_t b1, float* spill) {
+  q4_amx_gemm(w, x, rows, y, 64, 0, b1, spill);
+}
 #ifdef PARADECODE_AMX
+extern "C" __attribute__((noinline, flatten)) void check_q4_amx_tiles(const PackedQ4& w, const Q4Rows& x, int64_t rows,
+                                                                       float* y) {
+  q4_amx_blocks<2>(w, 0, x, rows, y, 64);
+}
 extern "C" __attribute__((noinline, flatten)) void check_amx_tiles(const PackedInt8& w, const int8_t* q, const int32_t* s,
                                                                     int64_t rows, float* y) {
   amx_one_tile<4>(w, 0, q, 64, s, rows, y, 64);
@@ -151,6 +160,22 @@ def test_the_amx_kernel_is_there_on_amx_targets_with_packed_conversions(target):
     assert tiles.count("tdpbsud") >= 8, f"{march}: the tile shapes do not multiply with tdpbsud"
     assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the AMX sums are not converted 16 at a time"
     assert not re.search(r"\bvcvtsi2ss", tiles), f"{march}: the AMX sums are converted one by one"
+
+
+def test_the_4bit_amx_kernel_is_there_on_amx_targets_with_packed_float_steps(target):
+    """On an AMX target the 4-bit GEMM's tile form multiplies each group with tdpbsud and runs gemm_q4.h's float
+    steps 16 columns at a time (fused multiply-adds, no scalar ones); elsewhere it is the vector kernel alone."""
+    march, assembly = target
+    body = function(assembly, "check_q4_amx")
+    if march not in AMX_TARGETS:
+        assert "tdpbsud" not in body and "ldtilecfg" not in body, f"{march}: tile instructions without AMX"
+        assert "\ncheck_q4_amx_tiles:" not in assembly, f"{march}: the 4-bit AMX kernel is compiled in"
+        return
+    assert "tdpbsud" in body and "ldtilecfg" in body and "tilerelease" in body, f"{march}: no 4-bit AMX kernel"
+    tiles = function(assembly, "check_q4_amx_tiles")
+    assert tiles.count("tdpbsud") >= 4, f"{march}: the 4-bit tile steps do not multiply with tdpbsud"
+    assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the 4-bit sums are not converted 16 at a time"
+    assert PACKED_FMA.search(tiles) and not SCALAR_FMA.search(tiles), f"{march}: the float steps run lane by lane"
 
 
 PACKED_MAX = re.compile(r"\bv(max|min|cmp[a-z]*)ps\s[^\n]*%[yz]mm")  # a packed max or min, or a packed compare

@@ -18,7 +18,7 @@ from paradecode.backends.q4_llama import Q4LlamaBackend
 from paradecode.backends.sequences import Batcher
 from paradecode.errors import ParadecodeError
 from tiny import (TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes,
-                  assert_same_bits_on_any_thread_count, run)
+                  assert_same_bits_on_any_thread_count, one_by_one, run)
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
@@ -121,7 +121,10 @@ def test_the_q4_forward_computes_the_blocks_model(kind):
     got, want = backend.forward(ids).logits, reference.forward(ids).logits
     assert (got - want).abs().max() < 0.05 * want.abs().max()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
-    assert backend.dtype == "q4" and backend.kernels.startswith("q4-") and backend.available_kernels() == ["own"]
+    assert backend.dtype == "q4" and backend.kernels.startswith("q4-")
+    # the vector kernel everywhere; the tiles where the CPU has AMX (this model's int8 LM head, k 128, fits them)
+    amx = "amx_int8" in native.cpu_flags().split()
+    assert backend.available_kernels() == (["own", "amx"] if amx else ["own"])
     assert backend.weight_bytes < Int8LlamaBackend.from_hf(model, calibration=CALIBRATION).weight_bytes
 
 
@@ -131,6 +134,50 @@ def test_every_q4_row_equals_its_one_token_pass_to_the_bit(shape, kind):
     """A long pass, a causal chain and a tree give each row what a one-token forward gives it later."""
     backend = q4_backend(3, shape, kind)
     assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+
+
+# bucket -> kernel: the 4-bit GEMM's AMX tile form (gemm_q4_amx.h) on every pass size, and on verify and prefill
+KERNEL_CHOICES = {"amx": dict(one="amx", verify="amx", prefill="amx"),
+                  "mixed-amx": dict(one="own", verify="amx", prefill="amx")}
+
+
+def use_kernels(backend: Q4LlamaBackend, choice: str) -> None:
+    if "amx" not in backend.available_kernels():
+        pytest.skip("this machine offers no AMX tiles")
+    backend.use_kernels(KERNEL_CHOICES[choice])
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kernels", sorted(KERNEL_CHOICES))
+def test_every_q4_row_equals_its_one_token_pass_to_the_bit_on_the_amx_tiles(kernels, kind):
+    """The tile form gives each row the vector kernel's bits: a 57-row pass and a 12-row chain on the tiles (a
+    partial 16-row tile each), 7-row chains and trees and one-token passes on the vector kernel, all alike; and a
+    100-row pass (two 64-row chunks) equals the same pass on the vector kernel. 4 groups per row: the tiles step
+    two groups at a time."""
+    backend = q4_backend(3, "deep", kind)
+    use_kernels(backend, kernels)
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+    ids = tokens(100, seed=4)
+    backend.reset()
+    backend.forward(ids[:30])
+    chain = backend.forward(ids[30:42]).logits
+    backend.rollback(30)
+    assert torch.equal(chain, one_by_one(backend, ids[30:42]))
+    backend.reset()
+    on_tiles = backend.forward(ids).logits
+    backend.reset()
+    backend.use_kernels(dict.fromkeys(KERNEL_CHOICES[kernels], "own"))
+    assert torch.equal(backend.forward(ids).logits, on_tiles)
+
+
+@pytest.mark.parametrize("method", ["ngram", "pld-tree", "jacobi"])
+def test_methods_equal_ar_on_the_q4_amx_tiles(method):
+    backend = q4_backend(9, "deep")
+    prompt = tokens(20, seed=10).tolist() * 2
+    reference, _ = run(backend, "ar", prompt, max_new_tokens=40)
+    use_kernels(backend, "mixed-amx")
+    output, _ = run(backend, method, prompt, max_new_tokens=40)
+    assert output == reference
 
 
 def test_q4_0_without_its_m_computes_the_same_bits(monkeypatch):

@@ -27,7 +27,8 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("int8_forward.cpp")
-HEADERS = ("lanes.h", "projection.h", "gemm.h", "gemm_amx.h", "gemm_q4.h", "attention.h")  # included by SOURCE; part of the build key
+# included by SOURCE; part of the build key
+HEADERS = ("lanes.h", "projection.h", "gemm.h", "gemm_amx.h", "gemm_q4.h", "gemm_q4_amx.h", "attention.h")
 # -ffp-contract=off: no fused multiply-adds chosen by the compiler, so a loop's vectorized body and its scalar
 # tail round alike (the per-row exactness of the forward must not depend on where a row starts in memory).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17")

@@ -77,6 +77,11 @@ struct alignas(64) AmxConfig {
   uint8_t rows[16] = {};
 };
 
+// ldtilecfg with the whole 64-byte configuration as its memory operand. GCC 12's _tile_loadconfig names only the
+// first 8 bytes, so the compiler may drop the stores of the tiles' shapes as dead: a q4 tile configuration built on
+// the stack was loaded with garbage shapes (a general-protection fault, SIGSEGV) until this.
+inline void amx_load_config(const AmxConfig& config) { __asm__ volatile("ldtilecfg %0" ::"m"(config)); }
+
 // Tiles 0-3: int32 accumulators; 4-5: activation rows; 5-7 (one A tile) or 6-7 (two): weights. All 16 x 64 bytes.
 inline void amx_configure() {
   AmxConfig config;
@@ -84,7 +89,7 @@ inline void amx_configure() {
     config.colsb[t] = 64;
     config.rows[t] = 16;
   }
-  _tile_loadconfig(&config);
+  amx_load_config(config);
 }
 
 // sums [tiles][16][16]: the accumulators in order (1 x NB or 2 x NB), then y = (sum - 128 * rowsum) * scale.

@@ -91,11 +91,12 @@ class Int8Forward {
       for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
         fbgemm &= static_cast<bool>(p->packed);
         int8 &= !p->is_q4();
-        amx &= amx_fits(p->k);
+        amx &= p->is_q4() || amx_fits(p->k);
       }
     if (fbgemm) out.push_back(kKernelNames[kFbgemm]);
     if (int8) out.push_back(kKernelNames[kIntMm]);  // torch._int_mm has no 4-bit form
-    if (int8 && amx) out.push_back(kKernelNames[kAmx]);  // AMX tiles: int8 weights whose k fits whole tile steps
+    // AMX tiles: int8 weights whose k fits whole tile steps (4-bit weights always do: a step is one group)
+    if (amx) out.push_back(kKernelNames[kAmx]);
     return out;
   }
 

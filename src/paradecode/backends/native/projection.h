@@ -21,6 +21,7 @@
 #include "gemm.h"
 #include "gemm_amx.h"
 #include "gemm_q4.h"
+#include "gemm_q4_amx.h"
 #include "lanes.h"
 
 namespace paradecode {
@@ -162,13 +163,18 @@ struct Projection {
   // ws.q rows -> ws.y [rows, N]: float(sum) * scale per column, by `kernel`.
   void multiply(Kernel kernel, int64_t rows, Workspace& ws) const {
     ws.y.resize(rows * n);
-    if (is_q4()) {  // one kernel for 4-bit weights, whichever the bucket's int8 kernel is
+    if (is_q4()) {  // the vector kernel for 4-bit weights, or its AMX tile form where the bucket's kernel is amx
+      const bool amx = kernel == kAmx;
+      if (amx && static_cast<int64_t>(ws.q.size()) < q4_amx_padded_rows(rows) * k)
+        ws.q.resize(q4_amx_padded_rows(rows) * k);  // the tiles load whole tiles of rows
       const PackedQ4 w = q4_weights();
       const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group};
       float* y = ws.y.data();
-      parallel_blocks(w.blocks, std::max(kQ4TileBlocks, kQ4OneRowBlocks), [&](int64_t b0, int64_t b1) {
+      const auto gemm = amx ? q4_amx_gemm : q4_gemm;
+      const int64_t tile = amx && rows > kQ4AmxMinRows ? kQ4AmxBlocks : std::max(kQ4TileBlocks, kQ4OneRowBlocks);
+      parallel_blocks(w.blocks, tile, [&](int64_t b0, int64_t b1) {
         float spill[kMaxTileRows * kBlockCols];
-        q4_gemm(w, x, rows, y, n, b0, b1, spill);
+        gemm(w, x, rows, y, n, b0, b1, spill);
       });
     } else if (kernel == kFbgemm && packed) {
       at::Tensor qf = at::empty({rows, k}, at::kFloat);

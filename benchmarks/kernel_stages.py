@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_stages.py --rounds 3                  # GEMM stage and whole forward per T
     python benchmarks/kernel_stages.py --prefill 1000 --rounds 3   # one long prefill's stages per kernel
+    python benchmarks/kernel_stages.py --dtype q4 --prefill 1000   # the same for the 4-bit GEMM (own, amx)
 
 Per T (256-token context, as ``paradecode profile``): the GEMM stage's ms (the native pass's own clock) and the
 whole forward's median ms, every bucket forced to one kernel; kernels take turns each round, and the median over
@@ -68,11 +69,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefill", type=int, default=0, metavar="N", help="time one N-token prefill instead")
+    parser.add_argument("--dtype", choices=["int8", "q4"], default="int8",
+                        help="int8 weights, or a GGUF model's 4-bit blocks (the 4-bit GEMM and its AMX tile form)")
     args = parser.parse_args()
-    backend = api.load(args.model, dtype="int8").backend
+    backend = api.load(args.model, dtype=args.dtype).backend
     kernels = backend.available_kernels() if hasattr(backend, "available_kernels") else []
     if not kernels:
-        sys.exit("kernel_stages: this model has no native int8 forward here (no kernels to compare)")
+        sys.exit(f"kernel_stages: this model has no native {args.dtype} forward here (no kernels to compare)")
     print(cpu_name(), "kernels:", ", ".join(kernels))
     if args.prefill:
         prefill(backend, kernels, args.prefill, args.rounds)

@@ -146,17 +146,26 @@ def test_the_4bit_gemm_uses_the_targets_integer_dot_product_and_packed_float_ste
     assert body.count("imul") <= 4, f"{march}: the 4-bit tile multiplies scalars (beyond a few for addresses)"
 
 
+def amx_tiles(target, entry: str, tiles: str, label: str) -> str | None:
+    """The assembly of `tiles` (a tile kernel's inner shapes) on an AMX target, after checking that `entry` (its
+    public function) configures, multiplies and releases the tiles; elsewhere None, after checking that neither
+    holds tile instructions."""
+    march, assembly = target
+    body = function(assembly, entry)
+    if march not in AMX_TARGETS:
+        assert "tdpbsud" not in body and "ldtilecfg" not in body, f"{march}: tile instructions without AMX"
+        assert f"\n{tiles}:" not in assembly, f"{march}: the {label} is compiled in"
+        return None
+    assert "tdpbsud" in body and "ldtilecfg" in body and "tilerelease" in body, f"{march}: no {label}"
+    return function(assembly, tiles)
+
+
 def test_the_amx_kernel_is_there_on_amx_targets_with_packed_conversions(target):
     """On an AMX target the tile kernel multiplies with tdpbsud and turns its int32 sums into floats 16 at a time
     (a scalar conversion loop cost more than the tiles' multiplies); elsewhere it compiles to nothing."""
-    march, assembly = target
-    body = function(assembly, "check_amx")
-    if march not in AMX_TARGETS:
-        assert "tdpbsud" not in body and "ldtilecfg" not in body, f"{march}: tile instructions without AMX"
-        assert "\ncheck_amx_tiles:" not in assembly, f"{march}: the AMX kernel is compiled in"
+    march, tiles = target[0], amx_tiles(target, "check_amx", "check_amx_tiles", "AMX kernel")
+    if tiles is None:
         return
-    assert "tdpbsud" in body and "ldtilecfg" in body and "tilerelease" in body, f"{march}: no AMX tile kernel"
-    tiles = function(assembly, "check_amx_tiles")
     assert tiles.count("tdpbsud") >= 8, f"{march}: the tile shapes do not multiply with tdpbsud"
     assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the AMX sums are not converted 16 at a time"
     assert not re.search(r"\bvcvtsi2ss", tiles), f"{march}: the AMX sums are converted one by one"
@@ -165,14 +174,9 @@ def test_the_amx_kernel_is_there_on_amx_targets_with_packed_conversions(target):
 def test_the_4bit_amx_kernel_is_there_on_amx_targets_with_packed_float_steps(target):
     """On an AMX target the 4-bit GEMM's tile form multiplies each group with tdpbsud and runs gemm_q4.h's float
     steps 16 columns at a time (fused multiply-adds, no scalar ones); elsewhere it is the vector kernel alone."""
-    march, assembly = target
-    body = function(assembly, "check_q4_amx")
-    if march not in AMX_TARGETS:
-        assert "tdpbsud" not in body and "ldtilecfg" not in body, f"{march}: tile instructions without AMX"
-        assert "\ncheck_q4_amx_tiles:" not in assembly, f"{march}: the 4-bit AMX kernel is compiled in"
+    march, tiles = target[0], amx_tiles(target, "check_q4_amx", "check_q4_amx_tiles", "4-bit AMX kernel")
+    if tiles is None:
         return
-    assert "tdpbsud" in body and "ldtilecfg" in body and "tilerelease" in body, f"{march}: no 4-bit AMX kernel"
-    tiles = function(assembly, "check_q4_amx_tiles")
     assert tiles.count("tdpbsud") >= 4, f"{march}: the 4-bit tile steps do not multiply with tdpbsud"
     assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the 4-bit sums are not converted 16 at a time"
     assert PACKED_FMA.search(tiles) and not SCALAR_FMA.search(tiles), f"{march}: the float steps run lane by lane"

@@ -53,30 +53,27 @@ inline void q4_amx_unpack(const uint8_t* group, uint8_t* tile) {
   }
 }
 
+// One group's multiply: its activations into tile A, then per block (NB: 1 or 2) a zeroed accumulator (C0, C1)
+// plus A times the block's nibbles (tiles 6, 7). GCC's tile intrinsics take the tile's number as written.
+#define PARADECODE_Q4_AMX_GROUP(A, C0, C1, h)      \
+  _tile_loadd(A, a + (h) * kQ4Group, x.p_stride);  \
+  _tile_zero(C0);                                  \
+  _tile_loadd(6, nibbles[h][0], 64);               \
+  _tile_dpbsud(C0, A, 6);                          \
+  if constexpr (NB > 1) {                          \
+    _tile_zero(C1);                                \
+    _tile_loadd(7, nibbles[h][1], 64);             \
+    _tile_dpbsud(C1, A, 7);                        \
+  }
+
 // The sums of G (1 or 2) groups from g x NB (1 or 2) blocks for the 16 rows from `first`, into sums[group][block].
 template <int G, int NB>
 inline void q4_amx_step(const Q4Rows& x, int64_t first, int64_t g, const uint8_t (*nibbles)[NB][kQ4Group / 4 * 64],
                         int32_t (*sums)[NB][kAmxRows * kBlockCols]) {
   const int8_t* a = x.p + first * x.p_stride + g * kQ4Group;
-  _tile_loadd(4, a, x.p_stride);
-  _tile_zero(0);
-  _tile_loadd(6, nibbles[0][0], 64);
-  _tile_dpbsud(0, 4, 6);
-  if constexpr (NB > 1) {
-    _tile_zero(1);
-    _tile_loadd(7, nibbles[0][1], 64);
-    _tile_dpbsud(1, 4, 7);
-  }
+  PARADECODE_Q4_AMX_GROUP(4, 0, 1, 0)
   if constexpr (G > 1) {
-    _tile_loadd(5, a + kQ4Group, x.p_stride);
-    _tile_zero(2);
-    _tile_loadd(6, nibbles[1][0], 64);
-    _tile_dpbsud(2, 5, 6);
-    if constexpr (NB > 1) {
-      _tile_zero(3);
-      _tile_loadd(7, nibbles[1][1], 64);
-      _tile_dpbsud(3, 5, 7);
-    }
+    PARADECODE_Q4_AMX_GROUP(5, 2, 3, 1)
   }
   _tile_stored(0, sums[0][0], 64);
   if constexpr (NB > 1) _tile_stored(1, sums[0][1], 64);
@@ -85,6 +82,7 @@ inline void q4_amx_step(const Q4Rows& x, int64_t first, int64_t g, const uint8_t
     if constexpr (NB > 1) _tile_stored(3, sums[1][1], 64);
   }
 }
+#undef PARADECODE_Q4_AMX_GROUP
 
 // NB (1 or 2) blocks from b0 for `rows` rows (<= kMaxTileRows): y[r * y_stride + c] for the tile's 16 * NB columns.
 template <int NB>

@@ -1,7 +1,7 @@
 // The 4-bit GEMM on Intel AMX tiles, over gemm_q4.h's packed blocks: the same integer sums per group and the same
 // float steps per row, so a row's bits equal gemm_q4.h's whatever the kernel or the pass size.
 //
-// gemm_q4.h's float part needs each group's integer sum (32 inputs) apart, so a tile step is one group: an A tile of
+// gemm_q4.h's float part needs each group's integer sum (32 inputs) apart, so a tile multiply is one group: an A tile of
 // 16 activation rows x 32 bytes (`tdpbsud`: signed activations) against a B tile of the group's 8 quads x 16
 // columns of unsigned nibbles. A packed group's nibble vector j holds, per column, inputs 8j..8j+3 in its low
 // nibbles and 8j+4..8j+7 in its high ones: the low half is quad 2j and the high half quad 2j + 1, so the B tile is
@@ -27,7 +27,7 @@ namespace paradecode {
 // SmolLM2-135M's 3072 x 576 weight (benchmarks/q4_kernel.py), the tiles took 42-45 us at 4 rows against 27-31,
 // 54-56 at 8 against 52, 79-81 at 16 against 104 and 294-300 at 64 against 405.
 constexpr int64_t kQ4AmxMinRows = 8;
-constexpr int kQ4AmxBlocks = 2;       // column blocks per tile step (2 accumulators, 2 weight tiles)
+constexpr int kQ4AmxBlocks = 2;       // column blocks per tile step (x 2 groups: 4 accumulators, 2 weight tiles)
 
 inline int64_t q4_amx_padded_rows(int64_t rows) { return (rows + kAmxRows - 1) / kAmxRows * kAmxRows; }
 

@@ -153,7 +153,8 @@ def main() -> int:
             continue
         peak = float(lines[0].split()[1])
         if not header:
-            print(f"vpdpbusd peak, {args.threads} threads: " + (f"{peak:.1f} GMAC/s" if peak else "n/a (no AVX512-VNNI)"))
+            rate = f"{peak:.1f} GMAC/s" if peak else "n/a (no AVX512-VNNI)"
+            print(f"vpdpbusd peak, {args.threads} threads: {rate}")
             print(f"{'kernel':>6} {'shape':>12} {'rows':>5} {'ms':>8} {'GMAC/s':>8} {'of peak':>8} {'GB/s':>7}")
             header = True
         for line in lines[1:]:

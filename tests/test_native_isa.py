@@ -57,8 +57,8 @@ extern "C" __attribute__((noinline, flatten)) void check_amx(const PackedInt8& w
                                                               int64_t rows, float* y, int64_t b1, float* spill) {
   amx_gemm(w, q, 64, s, rows, y, 64, 0, b1, spill);
 }
-extern "C" __attribute__((noinline, flatten)) void check_q4_amx(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
-                                                                 int64_t b1, float* spill) {
+extern "C" __attribute__((noinline, flatten)) void check_q4_amx(const PackedQ4& w, const Q4Rows& x, int64_t rows,
+                                                                 float* y, int64_t b1, float* spill) {
   q4_amx_gemm(w, x, rows, y, 64, 0, b1, spill);
 }
 #ifdef PARADECODE_AMX

@@ -1,8 +1,8 @@
 // The 4-bit GEMM on Intel AMX tiles, over gemm_q4.h's packed blocks: the same integer sums per group and the same
 // float steps per row, so a row's bits equal gemm_q4.h's whatever the kernel or the pass size.
 //
-// gemm_q4.h's float part needs each group's integer sum (32 inputs) apart, so a tile multiply is one group: an A tile of
-// 16 activation rows x 32 bytes (`tdpbsud`: signed activations) against a B tile of the group's 8 quads x 16
+// gemm_q4.h's float part needs each group's integer sum (32 inputs) apart, so a tile multiply is one group: an A tile
+// of 16 activation rows x 32 bytes (`tdpbsud`: signed activations) against a B tile of the group's 8 quads x 16
 // columns of unsigned nibbles. A packed group's nibble vector j holds, per column, inputs 8j..8j+3 in its low
 // nibbles and 8j+4..8j+7 in its high ones: the low half is quad 2j and the high half quad 2j + 1, so the B tile is
 // the four vectors' low and high nibbles interleaved (unpacked once per group and block, shared by every row).

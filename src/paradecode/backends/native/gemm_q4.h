@@ -87,6 +87,22 @@ inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, float psum
   acc = mul_add(a, mul_add(d, static_cast<float>(qsum), m * psum), acc);
 }
 
+#if defined(__AVX512F__)
+// A packed group's d and m of its 16 columns (`scales`: the group's bytes from 256); m = -8 d without a stored m.
+__attribute__((always_inline)) inline void q4_scales(const uint8_t* scales, bool has_m, __m512& d, __m512& m) {
+  d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+  m = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
+            : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+}
+
+// q4_finish_scalar on 16 columns: out += a * (d * qsum + m * psum), in that order (every kernel's float step).
+__attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i qsum, __m512 a, __m512 psum,
+                                                     float* out) {
+  const __m512 term = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(qsum), _mm512_mul_ps(m, psum));
+  _mm512_storeu_ps(out, _mm512_fmadd_ps(a, term, _mm512_loadu_ps(out)));
+}
+#endif
+
 // MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms.
 template <int MR, int NB>
 inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, float* acc) {
@@ -115,16 +131,11 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
     });
   }
   unroll<NB>([&](auto b) {
-    const uint8_t* scales = base + b * block_stride + 256;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-    const __m512 m = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
-                           : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+    __m512 d, m;
+    q4_scales(base + b * block_stride + 256, has_m, d, m);
     unroll<MR>([&](auto r) {
-      const __m512 a = _mm512_set1_ps(x.scale[r * x.group_stride + g]);
-      const __m512 psum = _mm512_set1_ps(x.sum[r * x.group_stride + g]);
-      const __m512 term = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums[r][b]), _mm512_mul_ps(m, psum));
-      float* out = acc + (r * NB + b) * kBlockCols;
-      _mm512_storeu_ps(out, _mm512_fmadd_ps(a, term, _mm512_loadu_ps(out)));
+      q4_finish(d, m, sums[r][b], _mm512_set1_ps(x.scale[r * x.group_stride + g]),
+                _mm512_set1_ps(x.sum[r * x.group_stride + g]), acc + (r * NB + b) * kBlockCols);
     });
   });
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -237,6 +248,9 @@ constexpr int kQ4OneRowBlocks = 2, kQ4TileRows = 2, kQ4TileBlocks = 2;
 #else
 constexpr int kQ4OneRowBlocks = 1, kQ4TileRows = 1, kQ4TileBlocks = 1;
 #endif
+
+// Blocks per piece when a pass's column blocks are shared out over threads: what q4_gemm's tile shapes take at once.
+inline int64_t q4_tile_blocks() { return std::max(kQ4TileBlocks, kQ4OneRowBlocks); }
 
 // The columns of blocks [b0, b1) for rows [0, rows): y[r * y_stride + col] for col < n (a partial last block
 // goes through `spill`, 16 * kMaxTileRows floats).

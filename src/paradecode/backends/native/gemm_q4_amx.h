@@ -31,6 +31,10 @@ constexpr int kQ4AmxBlocks = 2;       // column blocks per tile step (x 2 groups
 
 inline int64_t q4_amx_padded_rows(int64_t rows) { return (rows + kAmxRows - 1) / kAmxRows * kAmxRows; }
 
+// Blocks per piece when a pass's column blocks are shared out over threads: what q4_amx_gemm's tile step for `rows`
+// takes at once (q4_gemm's for the passes it hands over).
+inline int64_t q4_amx_tile_blocks(int64_t rows) { return rows <= kQ4AmxMinRows ? q4_tile_blocks() : kQ4AmxBlocks; }
+
 #ifdef PARADECODE_AMX
 // Two groups per step, each with its own tiles: tiles 0-3 are the int32 accumulators [group][block] (16 rows x 16
 // columns), 4-5 each group's activations (16 rows x 32 bytes), 6-7 a block's nibbles (8 quads x 16 columns).
@@ -102,9 +106,7 @@ inline void q4_amx_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_
         for (int64_t off = 0; off < w.group_bytes; off += 64)  // the weights this thread reads next
           __builtin_prefetch(group + kQ4PrefetchGroups * w.group_bytes + off, 0, 2);
         q4_amx_unpack(group, nibbles[h][b]);
-        d[h][b] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 256)));
-        m[h][b] = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 288)))
-                        : _mm512_mul_ps(d[h][b], _mm512_set1_ps(-8.f));
+        q4_scales(group + 256, has_m, d[h][b], m[h][b]);
       });
     for (int64_t first = 0; first < rows; first += kAmxRows) {
       if (pair == 2) q4_amx_step<2, NB>(x, first, g, nibbles, sums);
@@ -115,10 +117,8 @@ inline void q4_amx_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_
           const __m512 a = _mm512_set1_ps(x.scale[r * x.group_stride + g + h]);
           const __m512 psum = _mm512_set1_ps(x.sum[r * x.group_stride + g + h]);
           unroll<NB>([&](auto b) {
-            const __m512 qsum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[h][b] + (r - first) * kBlockCols));
-            const __m512 term = _mm512_fmadd_ps(d[h][b], qsum, _mm512_mul_ps(m[h][b], psum));
-            float* out = acc + (r * NB + b) * kBlockCols;
-            _mm512_store_ps(out, _mm512_fmadd_ps(a, term, _mm512_load_ps(out)));
+            q4_finish(d[h][b], m[h][b], _mm512_load_si512(sums[h][b] + (r - first) * kBlockCols), a, psum,
+                      acc + (r * NB + b) * kBlockCols);
           });
         }
     }

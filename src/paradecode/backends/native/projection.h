@@ -165,14 +165,13 @@ struct Projection {
     ws.y.resize(rows * n);
     if (is_q4()) {  // the vector kernel for 4-bit weights, or its AMX tile form where the bucket's kernel is amx
       const bool amx = kernel == kAmx;
-      if (amx && static_cast<int64_t>(ws.q.size()) < q4_amx_padded_rows(rows) * k)
-        ws.q.resize(q4_amx_padded_rows(rows) * k);  // the tiles load whole tiles of rows
+      const int64_t readable = amx ? q4_amx_padded_rows(rows) * k : 0;  // the tiles load whole tiles of rows
+      if (static_cast<int64_t>(ws.q.size()) < readable) ws.q.resize(readable);
       const PackedQ4 w = q4_weights();
       const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group};
       float* y = ws.y.data();
       const auto gemm = amx ? q4_amx_gemm : q4_gemm;
-      const int64_t tile = amx && rows > kQ4AmxMinRows ? kQ4AmxBlocks : std::max(kQ4TileBlocks, kQ4OneRowBlocks);
-      parallel_blocks(w.blocks, tile, [&](int64_t b0, int64_t b1) {
+      parallel_blocks(w.blocks, amx ? q4_amx_tile_blocks(rows) : q4_tile_blocks(), [&](int64_t b0, int64_t b1) {
         float spill[kMaxTileRows * kBlockCols];
         gemm(w, x, rows, y, n, b0, b1, spill);
       });

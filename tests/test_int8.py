@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from paradecode import cli, quality
+from paradecode import cli, profile, quality
 from paradecode.backends import int8
 from paradecode.backends.base import tree_depths, tree_mask
 from paradecode.backends.int8_llama import Int8LlamaBackend
@@ -151,6 +151,35 @@ def test_quality_figures_are_zero_for_fp32_and_measured_for_int8():
     broken = tiny_backend(4, sharp=4.0)  # another model altogether: far worse agreement
     worse = quality.measure(reference, {"other": broken}, sequences)[1]
     assert worse.top1_agreement < results["int8"].top1_agreement
+
+
+class _WarmingBackend:
+    """A backend whose passes cost 1 ms + 0.1 ms per token on a fake clock, the first 10 forwards of a process
+    five times that (a machine that starts slow)."""
+
+    vocab_size, max_length = 100, 64
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock, self.forwards = clock, 0
+
+    def forward(self, ids):
+        self.forwards += 1
+        self.clock[0] += (1e-3 + 1e-4 * len(ids)) * (5.0 if self.forwards <= 10 else 1.0)
+
+    def rollback(self, length: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def test_cost_curve_sizes_take_turns_after_a_warm_up(monkeypatch):
+    # timed one size after the other, T=1 took the slow start alone and came out dearer than T=2 and T=4
+    # (kept curves on an Intel Xeon); every size warmed up, then in turns, the shape is the machine's
+    clock = [0.0]
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: clock[0])
+    curve = measure_curve(_WarmingBackend(clock), sizes=(1, 2, 4, 8), context=8, repeats=5)
+    assert curve == pytest.approx({t: 1e-3 + 1e-4 * t for t in (1, 2, 4, 8)})
 
 
 def test_cost_curve_is_measured_per_size_and_shapes_the_schedule_prior():

@@ -56,28 +56,44 @@ def machine_report() -> dict:
     return report
 
 
+WARMUP_PASSES = 3  # untimed passes of each size before the timed rounds
+
+
 @torch.inference_mode()
 def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT, repeats: int = 7,
                   progress=None) -> dict[int, float]:
-    """Median seconds of a forward over T new tokens after ``context`` cached tokens, for each T in ``sizes``."""
+    """Median seconds of a forward over T new tokens after ``context`` cached tokens, for each T in ``sizes``.
+
+    Every size first gets ``WARMUP_PASSES`` untimed passes, then the sizes take turns, one pass each per round,
+    so a drift in the machine's speed (a process's first passes, a neighbour) spreads over all of them. Timed
+    one size after the other with one warm-up pass, the first size took the slow start alone: the curves kept
+    on an Intel Xeon (2 threads, SmolLM2-135M q4) read T=2 and T=4 at 0.74-0.89x of T=1, and ``auto``, which
+    prices the drafts it only peeks at by that shape, over-priced plain decoding by ~8% and drafted where
+    drafting lost (0.91-0.97x ``ar`` on a prompt where no drafter pays)."""
     context = min(context, backend.max_length - max(sizes))
     if context < 1:
         raise ValueError(f"the model's context ({backend.max_length}) is too short to profile T={max(sizes)}")
     ids = torch.arange(context + max(sizes)) % backend.vocab_size  # any tokens do: the cost is in the shape
     backend.reset()
     backend.forward(ids[:context])
-    curve = {}
+
+    def one_pass(t: int) -> float:
+        start = time.perf_counter()
+        backend.forward(ids[context : context + t])
+        seconds = time.perf_counter() - start
+        backend.rollback(context)
+        return seconds
+
     for t in sizes:
-        new = ids[context : context + t]
-        times = []
-        for i in range(repeats + 1):
-            start = time.perf_counter()
-            backend.forward(new)
-            if i:  # the first pass warms up
-                times.append(time.perf_counter() - start)
-            backend.rollback(context)
-        curve[t] = statistics.median(times)
-        if progress is not None:
+        for _ in range(WARMUP_PASSES):
+            one_pass(t)
+    times: dict[int, list[float]] = {t: [] for t in sizes}
+    for _ in range(repeats):
+        for t in sizes:
+            times[t].append(one_pass(t))
+    curve = {t: statistics.median(times[t]) for t in sizes}
+    if progress is not None:
+        for t in sizes:
             progress(t, curve[t])
     backend.reset()
     return curve
@@ -119,16 +135,19 @@ def _seconds(record: dict) -> dict[int, float]:
     return {int(t): float(s) for t, s in record["seconds"].items()}
 
 
+CURVE_FORMAT = "interleaved"  # how kept curves were measured: one measured otherwise is measured again
+
+
 def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> dict[int, float]:
     """This machine's curve for ``model_key`` (model and dtype), measured once and kept in the cache."""
-    key = hashlib.sha256(f"{machine_key()}|{model_key}|{list(sizes)}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{machine_key()}|{model_key}|{list(sizes)}|{CURVE_FORMAT}".encode()).hexdigest()[:16]
     path = cache_root / "profiles" / f"{key}.json"
     if path.is_file():
         try:
             return _seconds(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
-    curve = measure_curve(backend, sizes, repeats=5)
+    curve = measure_curve(backend, sizes, repeats=7)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machine_key(), "model": model_key, "seconds": curve}))

@@ -182,6 +182,25 @@ def test_cost_curve_sizes_take_turns_after_a_warm_up(monkeypatch):
     assert curve == pytest.approx({t: 1e-3 + 1e-4 * t for t in (1, 2, 4, 8)})
 
 
+class _BusyBackend(_WarmingBackend):
+    """Every third pass takes four times as long: another process shares the cores."""
+
+    def forward(self, ids):
+        self.forwards += 1
+        self.clock[0] += (1e-3 + 1e-4 * len(ids)) * (4.0 if self.forwards % 3 == 0 else 1.0)
+
+
+def test_a_cost_curve_measured_on_a_busy_machine_is_not_kept(monkeypatch, tmp_path):
+    clock = [0.0]
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: clock[0])
+    busy = profile.cached_curve(_BusyBackend(clock), tmp_path, "busy", sizes=(1, 2, 4))
+    assert sorted(busy) == [1, 2, 4] and not (tmp_path / "profiles").exists()
+    steady = profile.cached_curve(_WarmingBackend(clock), tmp_path, "steady", sizes=(1, 2, 4))
+    assert steady == pytest.approx({t: 1e-3 + 1e-4 * t for t in (1, 2, 4)})
+    assert len(list((tmp_path / "profiles").iterdir())) == 1
+    assert profile.cached_curve(_BusyBackend(clock), tmp_path, "steady", sizes=(1, 2, 4)) == steady  # kept
+
+
 def test_cost_curve_is_measured_per_size_and_shapes_the_schedule_prior():
     curve = measure_curve(tiny_backend(), sizes=(1, 4, 16), context=20, repeats=2)
     assert sorted(curve) == [1, 4, 16] and all(s > 0 for s in curve.values())

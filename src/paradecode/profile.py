@@ -61,7 +61,7 @@ WARMUP_PASSES = 3  # untimed passes of each size before the timed rounds
 
 @torch.inference_mode()
 def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT, repeats: int = 7,
-                  progress=None) -> dict[int, float]:
+                  progress=None, spreads: dict[int, float] | None = None) -> dict[int, float]:
     """Median seconds of a forward over T new tokens after ``context`` cached tokens, for each T in ``sizes``.
 
     Every size first gets ``WARMUP_PASSES`` untimed passes, then the sizes take turns, one pass each per round,
@@ -69,7 +69,8 @@ def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
     one size after the other with one warm-up pass, the first size took the slow start alone: the curves kept
     on an Intel Xeon (2 threads, SmolLM2-135M q4) read T=2 and T=4 at 0.74-0.89x of T=1, and ``auto``, which
     prices the drafts it only peeks at by that shape, over-priced plain decoding by ~8% and drafted where
-    drafting lost (0.91-0.97x ``ar`` on a prompt where no drafter pays)."""
+    drafting lost (0.91-0.97x ``ar`` on a prompt where no drafter pays). ``spreads``, when given, gets each
+    size's interquartile range over its median (other work on the machine widens it)."""
     context = min(context, backend.max_length - max(sizes))
     if context < 1:
         raise ValueError(f"the model's context ({backend.max_length}) is too short to profile T={max(sizes)}")
@@ -92,6 +93,10 @@ def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
         for t in sizes:
             times[t].append(one_pass(t))
     curve = {t: statistics.median(times[t]) for t in sizes}
+    if spreads is not None:
+        for t in sizes:
+            quartiles = statistics.quantiles(times[t], n=4) if len(times[t]) > 1 else [times[t][0]] * 3
+            spreads[t] = (quartiles[2] - quartiles[0]) / curve[t]
     if progress is not None:
         for t in sizes:
             progress(t, curve[t])
@@ -136,10 +141,13 @@ def _seconds(record: dict) -> dict[int, float]:
 
 
 CURVE_FORMAT = "interleaved"  # how kept curves were measured: one measured otherwise is measured again
+STEADY_SPREAD = 0.25
 
 
 def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> dict[int, float]:
-    """This machine's curve for ``model_key`` (model and dtype), measured once and kept in the cache."""
+    """This machine's curve for ``model_key`` (model and dtype), measured once and kept in the cache; a curve
+    measured while the machine was busy (a size's interquartile range over ``STEADY_SPREAD`` of its median) is
+    used now and measured again by the next process, as the kernels' choice is (``choose_kernels``)."""
     key = hashlib.sha256(f"{machine_key()}|{model_key}|{list(sizes)}|{CURVE_FORMAT}".encode()).hexdigest()[:16]
     path = cache_root / "profiles" / f"{key}.json"
     if path.is_file():
@@ -147,7 +155,10 @@ def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int]
             return _seconds(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
-    curve = measure_curve(backend, sizes, repeats=7)
+    spreads: dict[int, float] = {}
+    curve = measure_curve(backend, sizes, repeats=7, spreads=spreads)
+    if max(spreads.values()) > STEADY_SPREAD:
+        return curve
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machine_key(), "model": model_key, "seconds": curve}))

@@ -57,6 +57,13 @@ def machine_report() -> dict:
 
 
 WARMUP_PASSES = 3  # untimed passes of each size before the timed rounds
+STEADY_SPREAD = 0.25  # timings whose spread is wider were taken while other work shared the machine
+
+
+def spread(seconds: Sequence[float]) -> float:
+    """The interquartile range of repeated timings over their median: how unsteady the machine was."""
+    quartiles = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
+    return (quartiles[2] - quartiles[0]) / statistics.median(seconds)
 
 
 @torch.inference_mode()
@@ -94,9 +101,7 @@ def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
             times[t].append(one_pass(t))
     curve = {t: statistics.median(times[t]) for t in sizes}
     if spreads is not None:
-        for t in sizes:
-            quartiles = statistics.quantiles(times[t], n=4) if len(times[t]) > 1 else [times[t][0]] * 3
-            spreads[t] = (quartiles[2] - quartiles[0]) / curve[t]
+        spreads.update({t: spread(times[t]) for t in sizes})
     if progress is not None:
         for t in sizes:
             progress(t, curve[t])
@@ -141,7 +146,6 @@ def _seconds(record: dict) -> dict[int, float]:
 
 
 CURVE_FORMAT = "interleaved"  # how kept curves were measured: one measured otherwise is measured again
-STEADY_SPREAD = 0.25
 
 
 def cached_curve(backend, cache_root: Path, model_key: str, sizes: Sequence[int] = (1, 2, 4, 8, 16)) -> dict[int, float]:

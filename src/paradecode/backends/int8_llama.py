@@ -288,6 +288,8 @@ class Int8LlamaBackend(LlamaBackend):
     def _time_kernels(self, kernels: Sequence[str], repeats: int) -> tuple[dict[str, dict[str, float]], bool]:
         """Median seconds per bucket and kernel, and whether the timings were steady (every kernel's repeats
         within 25% of their median: other work on the machine spreads them)."""
+        from paradecode.profile import STEADY_SPREAD, spread
+
         context = min(32, self.max_length - max(BUCKETS.values()) - 1)
         if context < 1:
             return {}, False
@@ -307,9 +309,7 @@ class Int8LlamaBackend(LlamaBackend):
                         times[kernel].append(time.perf_counter() - start)
                     self.rollback(context)
             timings[bucket] = {kernel: statistics.median(seconds) for kernel, seconds in times.items()}
-            for kernel, seconds in times.items():
-                quartiles = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else [seconds[0]] * 3
-                steady &= quartiles[2] - quartiles[0] <= 0.25 * timings[bucket][kernel]
+            steady &= all(spread(seconds) <= STEADY_SPREAD for seconds in times.values())
         self.reset()
         return timings, steady
 

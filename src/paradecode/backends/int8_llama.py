@@ -287,7 +287,7 @@ class Int8LlamaBackend(LlamaBackend):
     @torch.inference_mode()
     def _time_kernels(self, kernels: Sequence[str], repeats: int) -> tuple[dict[str, dict[str, float]], bool]:
         """Median seconds per bucket and kernel, and whether the timings were steady (every kernel's repeats
-        within 25% of their median: other work on the machine spreads them)."""
+        within ``profile.STEADY_SPREAD`` of their median: other work on the machine spreads them)."""
         from paradecode.profile import STEADY_SPREAD, spread
 
         context = min(32, self.max_length - max(BUCKETS.values()) - 1)

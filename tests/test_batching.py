@@ -3,6 +3,8 @@ whatever shares its passes (mixed methods, lengths, sampling with a seed, a requ
 mid-batch); the passes really are shared; the cache budget is enforced and freed."""
 
 import json
+import os
+import sys
 import threading
 import time
 
@@ -79,9 +81,9 @@ def test_a_lone_request_runs_its_passes_on_its_own_thread_and_joins_batches_as_o
     ran_on = []
     forward = batcher._forward
 
-    def recording(batch):
+    def recording(batch, **kwargs):
         ran_on.append((threading.current_thread().name, len(batch)))
-        forward(batch)
+        forward(batch, **kwargs)
 
     batcher._forward = recording
     job = ("pld", {}, 0.0, PROMPTS[0], 40, 0)
@@ -280,6 +282,78 @@ def test_request_threads_run_torch_on_one_thread_and_a_released_team_keeps_the_s
     assert torch.get_num_threads() == before
     backend.reset()
     assert torch.equal(backend.forward(torch.arange(20) % 40).logits, expected)  # the forward runs on as before
+
+
+def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
+    """Python running beside a pass takes a core from one of its OpenMP threads, and each of the pass's parallel
+    loops then waits for that thread, so where the pass's threads fill the cores a shared pass keeps the GIL: no
+    other thread runs Python through it. A lone request's own pass, and one longer than a prefill chunk, let
+    them. The rows are the same bits either way."""
+    from paradecode.backends.sequences import _Pass, forward_fills_cores
+
+    batcher = backend.batcher(8 << 20)
+    assert batcher.hold_gil == forward_fills_cores() == (torch.get_num_threads() >= len(os.sched_getaffinity(0)))
+    batcher.hold_gil = True  # whatever this machine's cores: the rule under test is what a pass does with it
+    stack, calls = batcher._stack, []
+
+    class Timed:  # the native forward, with when each call ran
+        def __getattr__(self, name):
+            return getattr(stack, name)
+
+        def forward(self, *args):
+            start = time.perf_counter()
+            out = stack.forward(*args)
+            calls.append((start, time.perf_counter(), args[-1]))
+            return out
+
+    batcher._stack = Timed()
+    sequences = [batcher.open(200) for _ in range(2)]
+    layers = tuple(range(backend.num_layers))
+    prompt = torch.arange(1, 101) % backend.vocab_size
+
+    def passes(rows: int, start: int) -> list:
+        return [_Pass(s, prompt[:rows], torch.arange(start, start + rows), None, start, layers, True)
+                for s in sequences]
+
+    stamps, stop = [], threading.Event()
+
+    def tick():  # Python that wants to run all the time, as a busy server's threads do (time.sleep(0) lets go)
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            time.sleep(0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)  # the GIL changes hands only where a thread lets go of it, never by the clock
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        results = {}
+        for hold_gil in (True, False):
+            for s in sequences:
+                s.rollback(0)
+            batch = passes(20, 0)
+            for _ in range(20):
+                batcher._forward(batch, hold_gil=hold_gil)
+                for s in sequences:
+                    s.rollback(0)
+            results[hold_gil] = [p.out_logits.clone() for p in batch]
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        ticker.join()
+    assert [hold for _, _, hold in calls] == [True] * 20 + [False] * 20
+
+    def ran_inside(hold: bool) -> int:
+        return sum(start < t < end for start, end, held in calls if held == hold for t in stamps)
+
+    assert ran_inside(True) == 0  # nothing ran Python while a held pass ran
+    assert ran_inside(False) > 0  # and the ticker did run through the passes that let go
+    assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
+    calls.clear()
+    batcher._forward(passes(batcher.prefill_chunk + 1, 0)[:1])  # longer than a chunk: lets the others run
+    assert calls[-1][2] is False
+    for s in sequences:
+        s.close()
 
 
 def test_each_sequence_sees_the_others_rows_and_tokens_per_pass(backend):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import threading
 import time
 import weakref
@@ -107,6 +108,7 @@ class Batcher:
         self.page = page
         self.pool = PagePool(pages)
         self.max_rows, self.prefill_chunk, self.max_wait_s = max_rows, prefill_chunk, max_wait_s
+        self.hold_gil = forward_fills_cores()  # see _forward
         self._stack, self._cache = stack, cache  # the native forward and the cache tensors it writes
         self._cond = threading.Condition()
         self._forwarding = threading.Lock()  # held by whichever thread runs a forward (the batcher's or a lone one)
@@ -193,7 +195,7 @@ class Batcher:
                 self._cond.notify_all()
         if alone:
             openmp_team_here()  # the batcher's thread gives its team up once it sees one sequence left (_serve)
-            self._forward([item])
+            self._forward([item], hold_gil=False)
         else:
             openmp_one_thread_here()
         item.finished.wait()
@@ -262,15 +264,24 @@ class Batcher:
         self._pending = rest
         return batch
 
-    def _forward(self, batch: list[_Pass]) -> None:
+    def _forward(self, batch: list[_Pass], hold_gil: bool = True) -> None:
         try:
             ids = torch.cat([p.ids for p in batch]) if len(batch) > 1 else batch[0].ids
             positions = torch.cat([p.positions for p in batch]) if len(batch) > 1 else batch[0].positions
             segments = [(p.sequence.page_table, p.start, p.rows, p.mask) for p in batch]
             want = any(p.logits for p in batch)
+            # Python that runs during a pass takes a core from one of its OpenMP threads, and every one of the
+            # pass's parallel loops waits for that thread: with one thread spinning in Python beside a 12-row pass
+            # of SmolLM2-135M (2 cores), the pass took 180 ms instead of 14. So where the pass's threads fill the
+            # cores, a shared pass keeps the GIL: the requests' Python (their steps, the server's event loop) waits
+            # for it instead. Up to a prefill chunk's rows at a time, so that long passes do not hold every other
+            # thread up for long; and not a lone request's own pass (``hold_gil=False``), where the server's event
+            # loop, sending its text, ran beside the pass at less cost than after it (one client, 6 x 2 paired
+            # rounds of benchmarks/library_baseline.py: server / library 0.81-0.85 holding, 0.85-0.88 not).
+            hold = hold_gil and self.hold_gil and ids.shape[0] <= self.prefill_chunk
             with self._forwarding, torch.inference_mode():
                 hidden, logits, aux = self._stack.forward(ids, positions, segments, list(batch[0].layers), want,
-                                                          list(batch[0].aux_layers))
+                                                          list(batch[0].aux_layers), hold)
         except BaseException as error:  # every pass of the batch fails with it; the others' threads go on
             for p in batch:
                 p.error = error
@@ -296,6 +307,17 @@ class Batcher:
 
 
 _openmp_local = threading.local()
+
+
+def forward_fills_cores() -> bool:
+    """Whether a forward's OpenMP threads (torch's thread count) take every core this process may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return torch.get_num_threads() >= cores
+
+
 _started: "weakref.WeakSet[Batcher]" = weakref.WeakSet()  # batchers whose thread ran: stopped at exit
 
 

@@ -154,7 +154,7 @@ class Int8Forward {
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids, const at::Tensor& positions,
                                                          const py::list& segment_list,
                                                          const std::vector<int64_t>& layers, bool want_logits,
-                                                         const std::vector<int64_t>& capture) {
+                                                         const std::vector<int64_t>& capture, bool hold_gil) {
     at::NoGradGuard no_grad;
     const int64_t t = ids.size(0), d = embed_.size(1);
     TORCH_CHECK(positions.numel() == t && positions.scalar_type() == at::kLong, "positions must be [T] int64");
@@ -164,7 +164,10 @@ class Int8Forward {
     const int64_t* pp = pos.data_ptr<int64_t>();
     for (int64_t r = 0; r < t; ++r)
       TORCH_CHECK(pp[r] >= 0 && pp[r] < cos_.size(0), "position ", pp[r], " is outside the RoPE table");
-    py::gil_scoped_release no_gil;  // the segments are read: the rest runs without Python
+    // The segments are read: the rest runs without Python, and lets other threads run Python meanwhile unless
+    // the caller holds on (`hold_gil`: see backends/sequences.py, Batcher.hold_gil).
+    std::optional<py::gil_scoped_release> no_gil;
+    if (!hold_gil) no_gil.emplace();
     at::Tensor x = embed_.index_select(0, ids).contiguous();  // [T, D]
     const Kernel kernel = kernels_[bucket_of(t)];
     h_.resize(t * d);
@@ -485,5 +488,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_profiling", &Int8Forward::set_profiling)
       .def("stage_seconds", &Int8Forward::stage_seconds)
       .def("forward", &Int8Forward::forward, py::arg("ids"), py::arg("positions"), py::arg("segments"),
-           py::arg("layers"), py::arg("want_logits"), py::arg("capture") = std::vector<int64_t>());
+           py::arg("layers"), py::arg("want_logits"), py::arg("capture") = std::vector<int64_t>(),
+           py::arg("hold_gil") = false);
 }

@@ -268,6 +268,25 @@ def test_every_peekable_arm_is_peeked_at_every_round_unless_a_laggard_share_is_s
     assert not any(peek.arm == "pld" for peek in drafter.peeks)  # the chosen arm runs, it is not peeked at
 
 
+@pytest.mark.parametrize("keep, others, period", [(True, None, 4), (True, 0, 4), (True, 3, 16), (False, 3, 4)])
+def test_requests_that_share_passes_and_estimates_take_turns_at_the_peeks(keep, others, period):
+    """Requests decoding together (their passes shared, ``DecodeState.load``) share the kept estimates too, and their
+    steps run one after another between passes: each peeks every probe_every x (1 + the others) steps, so together
+    they still give the estimates a round every probe_every passes. A request that keeps no estimates peeks as
+    often as alone."""
+    from paradecode.backends.base import Load
+
+    drafter = started({"candidates": "ar,pld,ngram", "keep": keep}, {})
+    load = None if others is None else (lambda: Load(rows=float(others), tokens=float(others), requests=others))
+    state = DecodeState(tokens=[2, 3, 4, 2, 3, 4, 2, 3], prompt_len=3, sampling=SamplingConfig(),
+                        rng=torch.Generator(), max_draft=8, load=load)
+    assert drafter._probe_period(state) == period
+    for _ in range(2 * period):
+        drafter.propose(state)
+        drafter.steps_taken += 1  # what observe counts
+    assert drafter.peek_rounds == 2
+
+
 def test_a_request_starts_from_a_share_of_the_kept_weight():
     kept = auto_module._Estimate(discounted_tokens=40.0, discounted_seconds=0.25, steps=30)
     drafter = started({"candidates": "ar,pld"}, {"ar": kept, "pld": auto_module._Estimate(8.0, 0.1, steps=4)})

@@ -37,6 +37,7 @@ class Load:
 
     rows: float = 0.0
     tokens: float = 0.0
+    requests: int = 0  # how many other requests share the passes
 
 
 class Backend(Protocol):

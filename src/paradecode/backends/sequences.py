@@ -175,7 +175,7 @@ class Batcher:
         only passed its prompt so far is about to."""
         others = [s for key, s in list(self._running.items()) if key != id(sequence)]
         return Load(rows=sum(max(s.rows_per_pass, 1.0) for s in others),
-                    tokens=sum(max(s.tokens_per_pass, 1.0) for s in others))
+                    tokens=sum(max(s.tokens_per_pass, 1.0) for s in others), requests=len(others))
 
     # -- passes ----------------------------------------------------------------------------------------
     def run(self, item: _Pass) -> _Pass:

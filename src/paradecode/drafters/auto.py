@@ -30,7 +30,8 @@ every peekable arm is measured on the same text, and the arm learns from the pee
 (``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
 (``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, at every peekable arm: on SmolLM2
 peeking, scoring and choosing take ~1% of the decode time. Requests that share their passes (and the kept
-estimates) take turns: each peeks every ``probe_every`` x their number of steps (``_probe_period``). With ``laggard`` > 0 an arm under ``laggard`` times
+estimates) take turns: each peeks every ``probe_every`` x their number of steps (``_probe_period``). With
+``laggard`` > 0 an arm under ``laggard`` times
 the best rate is peeked at only every ``LAGGARD_EVERY``-th round; that saved time over seven arms but starved
 the arm that most needed its peeks. An arm's draft length comes from what its peeks taught it (``ngram`` drafts
 a token or two until its acceptance estimates rise), so on text the model repeats (128 tokens after a prompt of
@@ -320,10 +321,11 @@ class AutoDrafter(Drafter):
     def _probe_period(self, state: DecodeState) -> int:
         """Steps between peek rounds: ``probe_every``, times the requests that share this one's passes and its kept
         estimates (``Load.requests`` + 1). Their steps run one after another between passes, under the GIL, and
-        peeks were what ``auto`` added to them: 16 chat questions at a time (``generate_batch``, SmolLM2-135M q4,
-        Intel Xeon, 2 cores), a step's Python took 0.41-0.42 ms of CPU against 0.25-0.28 for ``ar`` and 0.27-0.31
-        for ``auto`` without peeks. Together the requests still give the estimates a round every ``probe_every``
-        passes."""
+        a step of ``auto`` cost more Python than one of ``ar``: 32 chat questions 16 at a time (``generate_batch``,
+        SmolLM2-135M q4, Intel Xeon, 2 cores), 0.41-0.42 ms of CPU against 0.25-0.28 (0.27-0.31 without peeks in
+        that run; as much as with them in a later one, whose steps went to ``pld`` and ``ngram``). Taking turns:
+        14.46 against 14.02 requests/s (six alternating processes). Together the requests still give the
+        estimates a round every ``probe_every`` passes."""
         if self.kept is None or state.load is None:
             return self.options.probe_every
         return self.options.probe_every * (1 + state.load().requests)

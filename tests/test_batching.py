@@ -311,9 +311,8 @@ def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
     layers = tuple(range(backend.num_layers))
     prompt = torch.arange(1, 101) % backend.vocab_size
 
-    def passes(rows: int, start: int) -> list:
-        return [_Pass(s, prompt[:rows], torch.arange(start, start + rows), None, start, layers, True)
-                for s in sequences]
+    def passes(rows: int) -> list:  # each sequence's first `rows` tokens
+        return [_Pass(s, prompt[:rows], torch.arange(rows), None, 0, layers, True) for s in sequences]
 
     stamps, stop = [], threading.Event()
 
@@ -331,7 +330,7 @@ def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
         for hold_gil in (True, False):
             for s in sequences:
                 s.rollback(0)
-            batch = passes(20, 0)
+            batch = passes(20)
             for _ in range(20):
                 batcher._forward(batch, hold_gil=hold_gil)
                 for s in sequences:
@@ -350,7 +349,7 @@ def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
     assert ran_inside(False) > 0  # and the ticker did run through the passes that let go
     assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
     calls.clear()
-    batcher._forward(passes(batcher.prefill_chunk + 1, 0)[:1])  # longer than a chunk: lets the others run
+    batcher._forward(passes(batcher.prefill_chunk + 1)[:1])  # longer than a chunk: lets the others run
     assert calls[-1][2] is False
     for s in sequences:
         s.close()

@@ -78,14 +78,18 @@ def test_a_lone_request_runs_its_passes_on_its_own_thread_and_joins_batches_as_o
     """A sequence alone runs its passes itself (no hand-over to the batcher's thread); when others come it joins
     their batches, and when they are gone it runs alone again: the same tokens throughout."""
     batcher = backend.batcher(8 << 20)
-    ran_on = []
-    forward = batcher._forward
+    ran_on = []  # (thread, sequences) of each native forward
+    stack = batcher._stack
 
-    def recording(batch, **kwargs):
-        ran_on.append((threading.current_thread().name, len(batch)))
-        forward(batch, **kwargs)
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(stack, name)
 
-    batcher._forward = recording
+        def forward(self, ids, positions, segments, *args):
+            ran_on.append((threading.current_thread().name, len(segments)))
+            return stack.forward(ids, positions, segments, *args)
+
+    batcher._stack = Recording()
     job = ("pld", {}, 0.0, PROMPTS[0], 40, 0)
     assert in_threads(batcher, [job]) == [solo(backend, *job)]
     assert batcher._thread is None and ran_on and all(name != "paradecode-batcher" for name, _ in ran_on)

@@ -28,7 +28,7 @@ from paradecode.server.inputs import (RequestError, ServerDefaults, chat_message
                                       prompt_encoder, read_json, sampling_arguments, structured_arguments)
 from paradecode.server.metrics import CountRequests, Metrics
 from paradecode.server.render import ChatRender, Choice, CompletionRender, Render, sse, usage
-from paradecode.server.worker import FINISH_REASONS, Busy, Disconnected, Job, Worker
+from paradecode.server.worker import FINISH_REASONS, Busy, Disconnected, Event, Job, Worker
 
 
 def error_body(error: BaseException) -> dict:
@@ -161,45 +161,45 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
         except Busy as error:
             raise RequestError(503, str(error), kind="server_error") from None
         render = render_type(defaults.model_name, logprobs=kwargs["logprobs"], decode=model.decode)
-        try:
-            first = await job.next_event(request.is_disconnected)
-        except Disconnected:
-            return Response(status_code=499)  # nobody reads it
-        except BaseException:
-            job.cancel()
-            raise
-        if first.kind == "error":
-            raise first.error
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_events(request, job, render, len(choices), include_usage),
-                                     media_type="text/event-stream")
         results = [None] * len(choices)  # choices may end in any order when they run together
-        try:
-            while None in results:  # the chunks put together are each choice's result
-                event = await job.next_event(request.is_disconnected)
+        streaming = False  # once the stream's events are handed to the response, it owns the job
+        try:  # the first event comes with the first text (or an error before it: then a status code, not a stream)
+            first = await job.next_event(request.is_disconnected)
+            if first.kind == "error":
+                raise first.error
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                streaming = True
+                return StreamingResponse(stream_events(request, job, render, first, len(choices), include_usage),
+                                         media_type="text/event-stream")
+            event = first
+            while True:  # the chunks put together are each choice's result
                 if event.kind == "error":
                     raise event.error
                 if event.kind == "done":
                     results[event.index] = event.result
+                if None not in results:
+                    break
+                event = await job.next_event(request.is_disconnected)
         except Disconnected:
-            return Response(status_code=499)
+            return Response(status_code=499)  # nobody reads it
         finally:
-            job.cancel()  # no-op once done; stops the generation if this handler is interrupted
+            if not streaming:
+                job.cancel()  # no-op once done; stops the generation if this handler is interrupted
         answers = [Choice(r.text, finish_reason(r), r.token_ids, r.logprobs) for r in results]
         return JSONResponse(render.response(answers, usage(results), decoding_stats(results, job)).model_dump())
 
     return app
 
 
-async def stream_events(request: Request, job: Job, render: Render, n: int, include_usage: bool):
-    """Server-sent events of one request's ``n`` choices; leaving early (the client went away) cancels the job."""
+async def stream_events(request: Request, job: Job, render: Render, first: Event, n: int, include_usage: bool):
+    """Server-sent events of one request's ``n`` choices from its ``first`` event on; leaving early (the client
+    went away) cancels the job."""
     try:
         for chunk in render.opening(n):
             yield sse(chunk)
-        results = []
-        while len(results) < n:
-            event = await job.next_event(request.is_disconnected)
+        results, event = [], first
+        while True:
             if event.kind == "delta":
                 yield sse(render.chunk(event.index, event.chunk))
             elif event.kind == "done":
@@ -209,9 +209,11 @@ async def stream_events(request: Request, job: Job, render: Render, n: int, incl
             else:
                 yield sse(error_body(event.error))
                 break
-        else:
-            if include_usage:
-                yield sse(render.usage_chunk(usage(results)))
+            if len(results) == n:
+                if include_usage:
+                    yield sse(render.usage_chunk(usage(results)))
+                break
+            event = await job.next_event(request.is_disconnected)
         yield sse("[DONE]")
     except Disconnected:
         return

@@ -42,6 +42,67 @@ def test_stream_holds_back_a_possible_stop_and_incomplete_characters():
     assert "".join(deltas) == "aé😀b" and "\ufffd" not in "".join(deltas) and deltas[2] == "é"
 
 
+def _sentencepiece():
+    """A Llama/Gemma-style decoder from ``tokenizers`` itself (pieces with "▁" for spaces, byte-fallback pieces for
+    characters outside the vocabulary, the text's first space dropped), and its outputs as units: a piece, or the
+    byte pieces of one character in a row."""
+    from tokenizers import Tokenizer, decoders, models
+
+    pieces = ["<unk>", "▁the", "▁cat", "s", "▁", "at", "▁é", "é", ".", "▁sat", "\n", "ab"]
+    units = [[i] for i in range(1, len(pieces))]
+    for char in "😀€ß":
+        for byte in char.encode():
+            if f"<0x{byte:02X}>" not in pieces:
+                pieces.append(f"<0x{byte:02X}>")
+        units.append([pieces.index(f"<0x{byte:02X}>") for byte in char.encode()])
+    tokenizer = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                           decoders.Strip(" ", 1, 0)])
+    return (lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)), units
+
+
+@pytest.mark.parametrize("kind", ["bytes", "sentencepiece"])
+def test_each_step_decodes_a_window_and_the_text_is_the_whole_decode(kind, tmp_path):
+    """For random outputs (multi-byte characters split across tokens and steps, spaces a tokenizer writes
+    differently at the start of a text) fed in random step sizes, the text known after every step is the decode
+    of the tokens so far, the stream is the whole decode, and each step decodes a window of a bounded number of
+    tokens, not the whole output (it did: quadratic in the output's length)."""
+    rng = random.Random(0)
+    if kind == "bytes":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tiny_bytes_model_dir(tmp_path))
+        decode = lambda ids: tokenizer.decode(list(ids))  # noqa: E731
+        words = ["the", " cat", " é", "😀", "€", " sat", ".", "\n", " ", "ß"]
+        output = lambda: tokenizer.encode("".join(rng.choice(words) for _ in range(rng.randrange(1, 200))))  # noqa
+    else:
+        decode, units = _sentencepiece()
+        output = lambda: sum((rng.choice(units) for _ in range(rng.randrange(1, 200))), [])  # noqa: E731
+    sizes = []
+
+    def counting(ids):
+        sizes.append(len(ids))
+        return decode(ids)
+
+    longest = 0
+    for _ in range(30):
+        ids = output()
+        longest = max(longest, len(ids))
+        view, deltas, done = OutputText(counting), [], 0
+        while done < len(ids):
+            step, settled = rng.choice([1, 1, 1, 2, 3, 5]), view._settled
+            sizes.clear()
+            deltas.append(view.extend(ids[done: done + step]))
+            done = min(len(ids), done + step)
+            assert view._settled_text == decode(ids[: view._settled]), kind
+            if not decode(ids[:done]).endswith("\ufffd"):  # whole characters: all settled, from a window of at
+                assert view._settled == done, kind  # most 2 x CONTEXT settled tokens and those not settled before
+                assert max(sizes) <= 2 * OutputText.CONTEXT + done - settled, (kind, sizes)
+        deltas.append(view.finish())
+        assert "".join(deltas) == view.text == decode(ids), kind
+    assert longest > 100
+
+
 def _expected(model, ids: list[int], stops: list[str]) -> tuple[str, list[int], str]:
     """Brute force: the shortest prefix of the unstopped output whose text holds a stop string, cut before it."""
     for m in range(1, len(ids) + 1):

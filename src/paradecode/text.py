@@ -44,17 +44,31 @@ def stop_cut(decode: Decode, stops: Sequence[str], output: list[int], new_tokens
 
 class OutputText:
     """The text of a growing output and the part of it a stream may show: ``extend`` with each step's tokens
-    returns the new text that is safe to show; ``finish`` returns the rest; ``text`` is everything shown."""
+    returns the new text that is safe to show; ``finish`` returns the rest; ``text`` is everything shown.
+
+    A step decodes a window of the newest tokens, not the whole output (whose decode each step made an answer's
+    text cost quadratic time: at 128 tokens ~0.12 ms of a 5.5 ms step of SmolLM2-135M, measured on an Intel Xeon).
+    The window begins ``CONTEXT`` tokens or more before the tokens whose text is not settled yet (a tokenizer
+    writes a piece differently at the start of a text: SentencePiece drops its leading space), and the text of
+    its settled head is dropped from its decode. Where a step's tokens rewrite that head (byte-fallback pieces: a
+    character's first byte after another character in bytes turns both into U+FFFD until it is whole), the step
+    decodes the whole output, as ``finish`` always does."""
+
+    CONTEXT = 8  # tokens of settled text a window begins with; it moves on once it holds twice that
 
     def __init__(self, decode: Decode, stops: Sequence[str] = ()) -> None:
         self.decode = decode
         self.stops = tuple(stops)
         self.tokens: list[int] = []
         self.text = ""  # what has been shown; after finish(), the output's whole text
+        self._settled = 0  # tokens whose text is known: decode(tokens[:_settled]) == _settled_text
+        self._settled_text = ""
+        self._start = 0  # where the window begins (<= _settled); decode(tokens[_start:_settled]) == _head
+        self._head = ""
 
     def extend(self, new_tokens: Sequence[int]) -> str:
         self.tokens.extend(new_tokens)
-        full = self.decode(self.tokens)
+        full = self._decoded()
         cut = stop_index(full, self.stops)
         if cut is None:
             stable = full.rstrip("\ufffd")  # an incomplete UTF-8 character may still become another one
@@ -65,6 +79,29 @@ class OutputText:
         full = self.decode(self.tokens)
         cut = stop_index(full, self.stops)
         return self._show(full if cut is None else full[:cut], final=True)
+
+    def _decoded(self) -> str:
+        """The text of every token so far, from the window's decode."""
+        window = self.decode(self.tokens[self._start:])
+        if window.startswith(self._head):
+            full = self._settled_text + window[len(self._head):]
+        else:  # the new tokens rewrote settled text (byte-fallback pieces of a character that is not whole yet)
+            full, window = self.decode(self.tokens), None
+        if full.endswith("\ufffd"):  # a character's last pieces are still to come: nothing new is settled
+            return full
+        if window is None:  # whole again after a rewrite: the window's text, if it still ends the whole
+            window = self.decode(self.tokens[self._start:])
+            if not full.endswith(window):
+                self._start, window = 0, full
+        self._settled, self._settled_text = len(self.tokens), full
+        if self._settled - self._start > 2 * self.CONTEXT:
+            for start in range(self._settled - self.CONTEXT, self._settled):
+                head = self.decode(self.tokens[start:])
+                if full.endswith(head):  # the window may begin there (not inside a character's byte pieces)
+                    self._start, window = start, head
+                    break
+        self._head = window  # decode(tokens[_start:_settled])
+        return full
 
     def _show(self, visible: str, final: bool = False) -> str:
         if not visible.startswith(self.text):  # a decoder that rewrote earlier text: wait for the final text

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from paradecode.backends import q4
+from paradecode.backends import hugepages, q4
 from paradecode.backends.int8 import PROJECTIONS
 from paradecode.backends.int8_llama import Int8LlamaBackend, int8_state
 from paradecode.errors import ParadecodeError
@@ -47,6 +47,9 @@ class Q4LlamaBackend(Int8LlamaBackend):
             for name in PROJECTIONS:
                 setattr(layer, name, q4.Q4Linear.from_blocks(blocks[name], biases[name]))
         self._q4_layers = ()  # packed now
+        linears = [getattr(layer, name) for layer in self._layers for name in PROJECTIONS]
+        for linear, packed in zip(linears, hugepages.together([linear.packed for linear in linears])):
+            linear.packed = packed  # on 2 MiB pages: a one-token forward 5-7% faster (see backends.hugepages)
 
     @property
     def kernels(self) -> str:

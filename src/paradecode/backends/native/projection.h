@@ -10,10 +10,15 @@
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -260,6 +265,45 @@ struct Layer {
   at::Tensor cos, sin;        // [positions, head_dim] this layer's RoPE tables, or empty: the forward's own
 };
 
+// Packed weights on 2 MiB pages (backends/hugepages.py does the same for the 4-bit weights, which Python
+// packs): every weight is read once per forward, and on 4 KiB pages each page is a TLB miss and a page walk.
+// Weights are carved, 64-byte aligned, from 32 MiB private anonymous mappings that start on a 2 MiB boundary and
+// are advised MADV_HUGEPAGE before anything touches them; a mapping is unmapped when the last tensor in it is
+// freed. Where the kernel gives no huge pages the memory is ordinary; where mmap fails, at::empty.
+struct HugeChunk {
+  uint8_t* base;
+  size_t size;
+  size_t used = 0;
+  HugeChunk(uint8_t* b, size_t s) : base(b), size(s) {}
+  ~HugeChunk() { munmap(base, size); }
+};
+
+inline at::Tensor huge_page_bytes(int64_t n) {
+  constexpr size_t kHuge = size_t(2) << 20, kChunk = size_t(32) << 20, kAlign = 64;
+  static std::mutex mutex;
+  static std::shared_ptr<HugeChunk> current;  // the mapping new weights go to while they fit
+  const size_t need = (size_t(n) + kAlign - 1) / kAlign * kAlign;
+  std::shared_ptr<HugeChunk> chunk;
+  uint8_t* data = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!current || current->used + need > current->size) {
+      const size_t size = std::max(kChunk, (need + kHuge - 1) / kHuge * kHuge);
+      void* raw = mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (raw == MAP_FAILED) return at::empty({n}, at::kByte);
+      const uintptr_t start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kHuge - 1) & ~(kHuge - 1);
+      if (aligned > start) munmap(raw, aligned - start);  // keep [aligned, aligned + size)
+      if (start + size + kHuge > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), start + kHuge - aligned);
+      madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);  // a refusal leaves ordinary pages
+      current = std::make_shared<HugeChunk>(reinterpret_cast<uint8_t*>(aligned), size);
+    }
+    chunk = current;
+    data = chunk->base + chunk->used;
+    chunk->used += need;
+  }
+  return at::from_blob(data, {n}, [chunk](void*) mutable { chunk.reset(); }, at::TensorOptions().dtype(at::kByte));
+}
+
 inline c10::intrusive_ptr<LinearPackedParamsBase> unwrap_packed(const py::object& packed) {
   if (packed.is_none()) return {};
   c10::IValue value = torch::jit::toIValue(packed, c10::getCustomClassType<c10::intrusive_ptr<LinearPackedParamsBase>>());
@@ -275,7 +319,7 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
   p.k = weight.size(1);
   p.weight_t = weight.t();
   p.scale = (step / 127.0).to(at::kFloat).contiguous();
-  p.own = at::empty({packed_bytes(p.n, p.k)}, at::kByte);
+  p.own = huge_page_bytes(packed_bytes(p.n, p.k));
   pack_int8(weight.data_ptr<int8_t>(), p.n, p.k, p.own.data_ptr<uint8_t>());
   const int64_t blocks = (p.n + kBlockCols - 1) / kBlockCols;
   p.own_scale = at::zeros({blocks * kBlockCols}, at::kFloat);

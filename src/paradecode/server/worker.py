@@ -7,9 +7,10 @@ and runs every choice on a thread of its own, at most ``max_running`` at once; t
 into shared ones by ``backends.sequences``, so each answer is exactly what it would be alone. The choices' threads
 are kept for the next ones (``Threads``): a new thread's first forward cost ~4 ms more (its memory is new). Without a batcher
 (a backend that cannot batch, or ``--max-batch 1``) the dispatcher runs each job itself, its choices one after
-another: the model's forwards stay on one thread, hence one OpenMP team. Each event
-(a chunk of a choice, a choice done, error) goes to the job's asyncio queue with ``loop.call_soon_threadsafe``. A job whose client went away is cancelled: the dispatcher skips it if it has not
-started, or each choice stops before its next chunk and closes its generator, which frees its cache at once.
+another: the model's forwards stay on one thread, hence one OpenMP team. Each event (a chunk of a choice, a choice
+done, error) goes to the job's asyncio queue with ``loop.call_soon_threadsafe``. A job whose client went away is
+cancelled: the dispatcher skips it if it has not started, or each choice stops before its next chunk and closes
+its generator, which frees its cache at once.
 """
 
 from __future__ import annotations
@@ -195,9 +196,9 @@ class Worker:
             self._left_queue()
             job.started_at = time.perf_counter()
             self.metrics.queue_wait.observe(job.started_at - job.arrived)
-            # no event: the handler wakes for the first text (or the end), not beside the prompt's forward, whose two
-            # OpenMP threads fill the cores of a small machine: waking it here took a 35-token prefill of SmolLM2-135M
-            # from 20 to 26-30 ms (2-core Intel Xeon)
+            # no event: the handler wakes for the first text (or the end), so the event loop does not run beside the
+            # prompt's forward, whose OpenMP threads fill the cores of a small machine (no gain measurable on its own
+            # among the run-to-run noise of one client on 2 cores)
             with self._lock:
                 self._running.add(job)
             self._update_running(len(streams) if self.batched else 1)

@@ -14,7 +14,7 @@ import pytest
 
 import paradecode
 from paradecode import cli
-from paradecode.text import OutputText, stop_cut, stop_index, stop_prefix_len
+from paradecode.text import IncrementalText, OutputText, stop_cut, stop_index, stop_prefix_len
 from tiny import tiny_bytes_model_dir, tiny_model_dir
 
 PROMPT = "w3 w4 w5 w3 w4 w5 w3 w4"
@@ -26,8 +26,9 @@ def test_stop_helpers():
     assert stop_index("1, 2, 3, 4, 5", ["5", ", 4"]) == 7 and stop_index("abc", ["x"]) is None
     assert stop_prefix_len("1, 2, 3, 4,", [", 5"]) == 1 and stop_prefix_len("1, 2, 3, 4, ", [", 5"]) == 2
     assert stop_prefix_len("abc", ["bcd", "cx"]) == 2 and stop_prefix_len("abc", ["abc"]) == 0
-    decode = lambda ids: "".join(chr(ord("a") + t) for t in ids)  # noqa: E731
-    assert stop_cut(decode, ["cd"], [0, 1], [2, 3, 4]) == 2 and stop_cut(decode, ["zz"], [0], [1]) is None
+    text = IncrementalText(lambda ids: "".join(chr(ord("a") + t) for t in ids))
+    text.extend([0, 1])
+    assert stop_cut(text, ["cd"], [2, 3, 4]) == 2 and stop_cut(text, ["zz"], [1]) is None and text.tokens == [0, 1]
 
 
 def test_stream_holds_back_a_possible_stop_and_incomplete_characters():
@@ -90,14 +91,17 @@ def test_each_step_decodes_a_window_and_the_text_is_the_whole_decode(kind, tmp_p
         longest = max(longest, len(ids))
         view, deltas, done = OutputText(counting), [], 0
         while done < len(ids):
-            step, settled = rng.choice([1, 1, 1, 2, 3, 5]), view._settled
+            step, settled = rng.choice([1, 1, 1, 2, 3, 5]), view.source._settled
+            assert view.source.peek(ids[done: done + step]) == decode(ids[: done + step]), kind  # the stop check's
+            assert view.source.tokens == ids[:done], kind  # look ahead changes nothing
             sizes.clear()
             deltas.append(view.extend(ids[done: done + step]))
             done = min(len(ids), done + step)
-            assert view._settled_text == decode(ids[: view._settled]), kind
-            if not decode(ids[:done]).endswith("\ufffd"):  # whole characters: all settled, from a window of at
-                assert view._settled == done, kind  # most 2 x CONTEXT settled tokens and those not settled before
-                assert max(sizes) <= 2 * OutputText.CONTEXT + done - settled, (kind, sizes)
+            source = view.source
+            assert source._settled_text == decode(ids[: source._settled]), kind
+            if not decode(ids[:done]).endswith("\ufffd"):  # whole characters: all settled, from a window of at most
+                assert source._settled == done, kind  # 2 x CONTEXT settled tokens and those not settled before
+                assert max(sizes) <= 2 * IncrementalText.CONTEXT + done - settled, (kind, sizes)
         deltas.append(view.finish())
         assert "".join(deltas) == view.text == decode(ids), kind
     assert longest > 100

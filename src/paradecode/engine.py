@@ -24,7 +24,7 @@ from paradecode.constraints.speculative import Constraint
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.errors import ParadecodeError
 from paradecode.stats import DecodeStats, StepRecord
-from paradecode.text import stop_cut
+from paradecode.text import IncrementalText, stop_cut
 from paradecode.tree_layout import tree_depths, tree_mask
 from paradecode.verify import Verdict, verify_greedy, verify_speculative
 from paradecode.verify.sampling import probabilities
@@ -59,6 +59,7 @@ def decode(
         )
     if config.stop and text_of is None:
         raise ValueError("stop strings need text_of to decode the output")
+    output_text = IncrementalText(text_of) if config.stop else None  # the output's text, for the stop strings
     sampling = config.sampling
     rng = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns() % 2**63))
     stats.method = stats.method or drafter.method_name
@@ -100,7 +101,9 @@ def decode(
         allowed = constraint.masks(proposal) if constraint is not None else None  # [1+N, V]
         verdict = _score_and_verify(backend, proposal, state, hidden, allowed)
         new_tokens = verdict.accepted_tokens + [verdict.next_token]
-        new_tokens, stop_reason = _cut(new_tokens, state, config, text_of, room)
+        new_tokens, stop_reason = _cut(new_tokens, state, config, output_text, room)
+        if output_text is not None:
+            output_text.extend(new_tokens)
         if on_commit is not None:
             rows = [0] + [1 + i for i in verdict.accepted]
             on_commit(new_tokens, verdict.target_logits[rows[: len(new_tokens)]])
@@ -235,7 +238,7 @@ def _cut(
     new_tokens: list[int],
     state: DecodeState,
     config: GenerationConfig,
-    text_of: Callable[[list[int]], str] | None,
+    output_text: IncrementalText | None,
     room: int,
 ) -> tuple[list[int], str | None]:
     """Cut the step's tokens at EOS, the token budget, the context or a stop string, whichever comes first."""
@@ -250,7 +253,7 @@ def _cut(
     if len(new_tokens) >= room:
         new_tokens, reason = new_tokens[:room], reason or "context"
     if config.stop:
-        cut = stop_cut(text_of, config.stop, state.tokens[state.prompt_len :], new_tokens)
+        cut = stop_cut(output_text, config.stop, new_tokens)
         if cut is not None:
             return new_tokens[:cut], "stop"
     return new_tokens, reason

@@ -7,6 +7,8 @@ contains. A stream shows, after each step, that text less a tail that could stil
 character (decoded as U+FFFD) and the longest tail that is the start of a stop string (``"1, 2, 3, 4, "`` with
 stop ``", 5"`` shows ``"1, 2, 3, 4"`` until the next token decides). The concatenated stream is then exactly the
 returned text, for any stop list, method or step size (as llama.cpp's server and vLLM's detokenizer hold back).
+Both the engine's stop check and ``OutputText`` read the output's text from an ``IncrementalText``, which decodes
+a window of the newest tokens each step.
 """
 
 from __future__ import annotations

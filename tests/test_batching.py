@@ -336,7 +336,8 @@ def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
                 s.rollback(0)
             batch = passes(20)
             for _ in range(20):
-                batcher._forward(batch, hold_gil=hold_gil)
+                batcher.hold_gil = hold_gil
+                batcher._forward(batch)
                 for s in sequences:
                     s.rollback(0)
             results[hold_gil] = [p.out_logits.clone() for p in batch]
@@ -353,6 +354,7 @@ def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
     assert ran_inside(False) > 0  # and the ticker did run through the passes that let go
     assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
     calls.clear()
+    batcher.hold_gil = True
     batcher._forward(passes(batcher.prefill_chunk + 1)[:1])  # longer than a chunk: lets the others run
     assert calls[-1][2] is False
     for s in sequences:

@@ -15,22 +15,29 @@ from paradecode.backends import hugepages
 linux_only = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
 
 
-def mapping_of(address: int) -> dict:
-    """The /proc/self/smaps entry (its fields, VmFlags as a set) of the mapping holding ``address``."""
-    entry = None
+def mappings() -> list[dict]:
+    """This process's mappings from /proc/self/smaps: each one's ``low`` and ``high`` address and its fields
+    (``VmFlags`` as a set)."""
+    found = []
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and ":" not in head:
             low, high = (int(x, 16) for x in head.split("-"))
-            if entry is not None:
-                return entry
-            if low <= address < high:
-                entry = {"size": high - low}
-        elif entry is not None:
+            found.append({"low": low, "high": high})
+        elif found:
             key, _, value = line.partition(":")
-            entry[key] = set(value.split()) if key == "VmFlags" else value.strip()
-    assert entry is not None, hex(address)
-    return entry
+            found[-1][key] = set(value.split()) if key == "VmFlags" else value.strip()
+    return found
+
+
+def mapping_of(address: int) -> dict:
+    """The mapping holding ``address``."""
+    return next(m for m in mappings() if m["low"] <= address < m["high"])
+
+
+def advised_sizes() -> list[int]:
+    """The sizes of the mappings advised as huge pages (``hg``)."""
+    return [m["high"] - m["low"] for m in mappings() if "hg" in m.get("VmFlags", ())]
 
 
 @linux_only
@@ -43,7 +50,7 @@ def test_copies_are_the_same_tensors_in_one_advised_mapping():
         assert copy.dtype == tensor.dtype and copy.shape == tensor.shape and torch.equal(copy, tensor)
         assert copy.data_ptr() % hugepages.ALIGN == 0
     assert copies[0].data_ptr() % hugepages.HUGE_PAGE == 0
-    assert len({mapping_of(c.data_ptr())["size"] for c in copies}) == 1  # one mapping
+    assert len({mapping_of(c.data_ptr())["low"] for c in copies}) == 1  # one mapping
     assert "hg" in mapping_of(copies[0].data_ptr())["VmFlags"]
     small = [torch.zeros(10)]
     assert hugepages.together(small)[0] is small[0]  # under a huge page: left as it is
@@ -54,25 +61,14 @@ def test_the_native_forward_packs_its_int8_weights_on_advised_mappings():
     """In a fresh process (the packing's mappings are shared by every model of a process), a tiny int8 model's
     native weights create a 32 MiB mapping advised as huge pages (its outputs are the other tests')."""
     script = f"""
-import sys
+import json, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from pathlib import Path
-def advised():
-    found, size = [], 0
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            low, high = (int(x, 16) for x in head.split("-"))
-            size = high - low
-        elif line.startswith("VmFlags") and "hg" in line.split():
-            found.append(size)
-    return found
-before = advised()
+from test_hugepages import advised_sizes
+before = advised_sizes()
 from tiny import tiny_int8_backend
 backend = tiny_int8_backend()
 assert backend._native is not None, "no native forward"
-import json
-print(json.dumps([before, advised()]))
+print(json.dumps([before, advised_sizes()]))
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     if "no native forward" in run.stderr:

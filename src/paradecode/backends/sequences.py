@@ -186,9 +186,7 @@ class Batcher:
         Python after a forward runs on caches the weights have flushed, ~10x slower than warm). None when others
         run: then ``run`` queues it."""
         with self._cond:
-            if self._stopping:
-                raise RuntimeError("this batcher is stopped (the process is exiting)")
-            self._running[id(sequence)] = sequence
+            self._enter(sequence)
             if self._pending or len(self._running) != 1:
                 return None
         openmp_team_here()  # the batcher's thread gives its team up once it sees one sequence left (_serve)
@@ -203,9 +201,7 @@ class Batcher:
         """Queue a pass for the batcher's thread and wait for its rows (a lone sequence's go through
         ``run_alone``)."""
         with self._cond:
-            if self._stopping:
-                raise RuntimeError("this batcher is stopped (the process is exiting)")
-            self._running[id(item.sequence)] = item.sequence
+            self._enter(item.sequence)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="paradecode-batcher", daemon=True)
                 self._thread.start()
@@ -217,6 +213,12 @@ class Batcher:
         if item.error is not None:
             raise item.error
         return item
+
+    def _enter(self, sequence: "Sequence") -> None:
+        """A pass of ``sequence`` is coming (under ``_cond``): it counts as running from now on."""
+        if self._stopping:
+            raise RuntimeError("this batcher is stopped (the process is exiting)")
+        self._running[id(sequence)] = sequence
 
     def _serve(self) -> None:
         """The batcher's thread: one thread runs every native forward. libgomp counts the threads of every OpenMP
@@ -279,7 +281,7 @@ class Batcher:
         self._pending = rest
         return batch
 
-    def _forward(self, batch: list[_Pass], hold_gil: bool = True) -> None:
+    def _forward(self, batch: list[_Pass]) -> None:
         try:
             ids = torch.cat([p.ids for p in batch]) if len(batch) > 1 else batch[0].ids
             positions = torch.cat([p.positions for p in batch]) if len(batch) > 1 else batch[0].positions
@@ -290,10 +292,10 @@ class Batcher:
             # of SmolLM2-135M (2 cores), the pass took 180 ms instead of 14. So where the pass's threads fill the
             # cores, a shared pass keeps the GIL: the requests' Python (their steps, the server's event loop) waits
             # for it instead. Up to a prefill chunk's rows at a time, so that long passes do not hold every other
-            # thread up for long; and not a lone request's own pass (``hold_gil=False``), where the server's event
+            # thread up for long; and not a lone request's own pass (``run_alone`` lets go), where the server's event
             # loop, sending its text, ran beside the pass at less cost than after it (one client, 6 x 2 paired
             # rounds of benchmarks/library_baseline.py: server / library 0.81-0.85 holding, 0.85-0.88 not).
-            hold = hold_gil and self.hold_gil and ids.shape[0] <= self.prefill_chunk
+            hold = self.hold_gil and ids.shape[0] <= self.prefill_chunk
             with self._forwarding, torch.inference_mode():
                 hidden, logits, aux = self._stack.forward(ids, positions, segments, list(batch[0].layers), want,
                                                           list(batch[0].aux_layers), hold)

@@ -265,15 +265,15 @@ def test_a_backend_that_cannot_batch_runs_the_requests_one_after_another(tmp_pat
 def test_request_threads_run_torch_on_one_thread_and_a_released_team_keeps_the_setting(backend):
     """One OpenMP team at a time (``Batcher._serve``): a request thread's own torch work runs on one thread,
     other threads keep their setting, and a thread that gives its team up keeps its thread count."""
-    from paradecode.backends.sequences import _libgomp, openmp_one_thread_here, openmp_release_team
+    from paradecode.backends.openmp import libgomp, one_thread_here, release_team
 
-    if _libgomp() is None:
+    if libgomp() is None:
         pytest.skip("torch does not run on libgomp here")
     before = torch.get_num_threads()
     seen = []
 
     def request_thread():
-        openmp_one_thread_here()
+        one_thread_here()
         seen.append(torch.get_num_threads())
 
     thread = threading.Thread(target=request_thread)
@@ -282,7 +282,7 @@ def test_request_threads_run_torch_on_one_thread_and_a_released_team_keeps_the_s
     assert seen == [1] and torch.get_num_threads() == before
     backend.reset()
     expected = backend.forward(torch.arange(20) % 40).logits
-    openmp_release_team()
+    release_team()
     assert torch.get_num_threads() == before
     backend.reset()
     assert torch.equal(backend.forward(torch.arange(20) % 40).logits, expected)  # the forward runs on as before
@@ -293,10 +293,11 @@ def test_a_shared_pass_keeps_the_gil_where_its_threads_fill_the_cores(backend):
     loops then waits for that thread, so where the pass's threads fill the cores a shared pass keeps the GIL: no
     other thread runs Python through it. A lone request's own pass, and one longer than a prefill chunk, let
     them. The rows are the same bits either way."""
-    from paradecode.backends.sequences import _Pass, forward_fills_cores
+    from paradecode.backends.openmp import fills_cores
+    from paradecode.backends.sequences import _Pass
 
     batcher = backend.batcher(8 << 20)
-    assert batcher.hold_gil == forward_fills_cores() == (torch.get_num_threads() >= len(os.sched_getaffinity(0)))
+    assert batcher.hold_gil == fills_cores() == (torch.get_num_threads() >= len(os.sched_getaffinity(0)))
     batcher.hold_gil = True  # whatever this machine's cores: the rule under test is what a pass does with it
     stack, calls = batcher._stack, []
 

@@ -6,6 +6,7 @@
 """
 
 from paradecode.api import GenerationResult, Model, load
+from paradecode.backends.openmp import release_threads
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.errors import ParadecodeError
 from paradecode.registry import method_names, register
@@ -15,5 +16,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "load", "Model", "GenerationResult", "GenerationConfig", "SamplingConfig", "DecodeStats", "StepRecord",
-    "ParadecodeError", "register", "method_names",
+    "ParadecodeError", "register", "method_names", "release_threads",
 ]

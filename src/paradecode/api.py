@@ -17,6 +17,7 @@ from typing import Any, Iterator, Sequence
 
 from paradecode import utf8
 from paradecode.backends import DTYPES as BACKEND_DTYPES
+from paradecode.backends.openmp import generation_team, release_team
 from paradecode.config import GenerationConfig, SamplingConfig
 from paradecode.constraints import Constraint, GrammarCompiler, grammar_source
 from paradecode.drafters.base import Drafter
@@ -102,6 +103,7 @@ def load(
         raise ParadecodeError(
             f"could not load model {model!r} from {model_dir}: {type(error).__name__}: {error}"
         ) from None
+    release_team()  # loading ran torch work on this thread's team; the first generation makes the one it keeps
     return Model(runner, tokenizer, name=model, model_dir=model_dir, chat=chat and bool(tokenizer.chat_template),
                  cache_dir=cache_dir)
 
@@ -306,10 +308,8 @@ class Model:
 
         if batch is None:
             return [one(request) for request in requests]
-        from paradecode.backends.sequences import openmp_release_team
-
         self.cost_curve  # noqa: B018  measured here if ever (request threads run torch on one OpenMP thread)
-        openmp_release_team()  # this thread waits while the batcher's runs the forwards (see Batcher._serve)
+        release_team()  # this thread waits while the batcher's runs the forwards (see Batcher._serve)
         with ThreadPoolExecutor(max_workers=min(max_batch, len(requests)),
                                 thread_name_prefix="paradecode-batch") as pool:
             return list(pool.map(one, requests))
@@ -434,11 +434,12 @@ class TextStream:
         entries = self.run.logprobs.entries if self.run.logprobs is not None else None
         sent = 0  # tokens handed out in chunks so far
         try:
-            for new_tokens in self.run.steps:
-                delta = view.extend(new_tokens)
-                if delta:
-                    yield self._chunk(delta, view.tokens, entries, sent)
-                    sent = len(view.tokens)
+            with generation_team():  # whether this thread keeps its OpenMP team afterwards (backends.openmp)
+                for new_tokens in self.run.steps:
+                    delta = view.extend(new_tokens)
+                    if delta:
+                        yield self._chunk(delta, view.tokens, entries, sent)
+                        sent = len(view.tokens)
         finally:  # ended, failed or closed early (a cancelled request): its cache is free for the next one
             self.close()
         delta = view.finish()

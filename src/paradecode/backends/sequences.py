@@ -33,8 +33,6 @@ error. Closing a sequence returns its pages at once.
 from __future__ import annotations
 
 import atexit
-import functools
-import os
 import threading
 import time
 import weakref
@@ -45,6 +43,7 @@ from typing import Any, Sequence as Seq
 import torch
 
 from paradecode.backends.base import ForwardOutput, Load, SlotCache, check_aux_layers
+from paradecode.backends.openmp import fills_cores, one_thread_here, release_team, team_here
 from paradecode.errors import ParadecodeError
 
 DRAFT_ROOM = 64  # slots a sequence reserves beyond prompt + answer: a verify pass's drafts sit there for a moment
@@ -108,7 +107,7 @@ class Batcher:
         self.page = page
         self.pool = PagePool(pages)
         self.max_rows, self.prefill_chunk, self.max_wait_s = max_rows, prefill_chunk, max_wait_s
-        self.hold_gil = forward_fills_cores()  # see _forward
+        self.hold_gil = fills_cores()  # see _forward
         self._stack, self._cache = stack, cache  # the native forward and the cache tensors it writes
         self._cond = threading.Condition()
         self._forwarding = threading.Lock()  # held by whichever thread runs a forward (the batcher's or a lone one)
@@ -189,7 +188,7 @@ class Batcher:
             self._enter(sequence)
             if self._pending or len(self._running) != 1:
                 return None
-        openmp_team_here()  # the batcher's thread gives its team up once it sees one sequence left (_serve)
+        team_here()  # the batcher's thread gives its team up once it sees one sequence left (_serve)
         rows = ids.shape[0]
         with self._forwarding, torch.inference_mode():
             out = self._stack.forward(ids, positions, [(sequence.page_table, start, rows, mask)], list(layers), logits,
@@ -208,7 +207,7 @@ class Batcher:
                 _started.add(self)
             self._pending.append(item)
             self._cond.notify_all()
-        openmp_one_thread_here()
+        one_thread_here()
         item.finished.wait()
         if item.error is not None:
             raise item.error
@@ -224,8 +223,8 @@ class Batcher:
         """The batcher's thread: one thread runs every native forward. libgomp counts the threads of every OpenMP
         team in the process, and with more than the cores its workers stop spinning between a forward's
         parallel loops (a forward then takes about twice as long). So the passes run on this thread's team, the
-        request threads run their own torch work on one thread (``openmp_one_thread_here``), the thread that
-        starts a batch gives its team up (``openmp_release_team``), and this thread gives its own up when at most
+        request threads run their own torch work on one thread (``one_thread_here``), the thread that
+        starts a batch gives its team up (``release_team``), and this thread gives its own up when at most
         one sequence is left (a lone sequence runs its passes on its own thread with a team of its own, and the
         model's own one-request forwards, on another thread, run at full speed)."""
         team = False  # whether this thread holds an OpenMP team (since its last pass)
@@ -235,7 +234,7 @@ class Batcher:
                     if self._stopping and not self._pending:
                         return  # the thread's OpenMP team ends with it, before the process tears libraries down
                     if team and not self._pending and len(self._running) <= 1:
-                        openmp_release_team()  # idle: the model's own forwards elsewhere get the cores' team
+                        release_team()  # idle: the model's own forwards elsewhere get the cores' team
                         team = False
                     self._cond.wait(self._wait_left())
                 batch = self._take()
@@ -326,18 +325,6 @@ class Batcher:
         self._stack.move_slots(src, dst)
 
 
-_openmp_local = threading.local()
-
-
-def forward_fills_cores() -> bool:
-    """Whether a forward's OpenMP threads (torch's thread count) take every core this process may run on."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return torch.get_num_threads() >= cores
-
-
 _started: "weakref.WeakSet[Batcher]" = weakref.WeakSet()  # batchers whose thread ran: stopped at exit
 
 
@@ -345,56 +332,6 @@ _started: "weakref.WeakSet[Batcher]" = weakref.WeakSet()  # batchers whose threa
 def _stop_batchers() -> None:
     for batcher in list(_started):
         batcher.stop()
-
-
-@functools.cache
-def _libgomp():
-    """torch's OpenMP runtime where it is libgomp (already loaded by torch), else None; looked up once."""
-    try:
-        import ctypes
-
-        library = ctypes.CDLL("libgomp.so.1")
-        library.omp_pause_resource_all, library.omp_set_num_threads, library.omp_get_max_threads  # noqa: B018
-        return library
-    except (OSError, AttributeError):
-        return None
-
-
-def openmp_release_team() -> None:
-    """Give up this thread's OpenMP team (its worker threads end; torch makes a new one on its next parallel
-    loop). Called where a thread that ran torch work goes quiet while another runs the forwards."""
-    library = _libgomp()
-    if library is not None:
-        threads = library.omp_get_max_threads()  # this thread's setting, which the pause resets
-        library.omp_pause_resource_all(1)  # omp_pause_soft: frees the calling thread's pool
-        library.omp_set_num_threads(threads)
-
-
-def openmp_one_thread_here() -> None:
-    """This thread (a request's, whose passes the batcher's thread runs) runs its own torch work on one OpenMP
-    thread, so it makes no team of its own; only this thread's setting changes. Undone by ``openmp_team_here``."""
-    if getattr(_openmp_local, "team_threads", None) is not None:
-        return  # already on one thread
-    library = _libgomp()
-    if library is None:
-        _openmp_local.team_threads = 0
-        return
-    torch.get_num_threads()  # torch's per-thread setup first, or it would override what follows
-    _openmp_local.team_threads = library.omp_get_max_threads()
-    library.omp_pause_resource_all(1)
-    library.omp_set_num_threads(1)
-
-
-def openmp_team_here() -> None:
-    """This thread (a lone request's) runs its passes itself: back to the thread count it had before
-    ``openmp_one_thread_here``, its team made on its next parallel loop."""
-    threads = getattr(_openmp_local, "team_threads", None)
-    if threads is None:
-        return  # never set to one thread
-    _openmp_local.team_threads = None
-    library = _libgomp()
-    if library is not None and threads:
-        library.omp_set_num_threads(threads)
 
 
 class Sequence(SlotCache):

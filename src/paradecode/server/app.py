@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from paradecode.backends.sequences import openmp_release_team
+from paradecode.backends.openmp import release_team
 from paradecode.errors import ParadecodeError
 from paradecode.server import protocol as p
 from paradecode.server.inputs import (RequestError, ServerDefaults, chat_messages, choice_arguments, decoding_method,
@@ -57,7 +57,7 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
         model.cost_curve  # noqa: B018  measured here if ever (request threads run torch on one OpenMP thread)
     # the loading thread serves HTTP from now on and the worker's threads run the forwards: one OpenMP team
     # (see backends.sequences.Batcher._serve)
-    openmp_release_team()
+    release_team()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -152,7 +152,7 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
                 raise
             finally:
                 if batch is not None:
-                    openmp_release_team()  # starting may have run torch work here (a cost curve measured once)
+                    release_team()  # starting may have run torch work here (a cost curve measured once)
             return streams
 
         job = Job(start, method, asyncio.get_running_loop(), stream=bool(body.stream))

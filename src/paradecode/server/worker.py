@@ -118,14 +118,14 @@ class Threads:
         self._tasks.put((fn, args, then))
 
     def _loop(self) -> None:
-        from paradecode.backends.sequences import openmp_release_team
+        from paradecode.backends.openmp import release_team
 
         while True:
             fn, args, then = self._tasks.get()
             try:
                 fn(*args)
             finally:
-                openmp_release_team()
+                release_team()
                 with self._lock:
                     self._idle += 1
                 then()

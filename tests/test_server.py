@@ -515,3 +515,34 @@ def test_serve_command_runs_a_server(chat_dir):
         _, err = process.communicate(timeout=20)
     # 0 where SIGINT is ignored (a background job's child): uvicorn still stops, and re-raises nothing.
     assert process.returncode in (0, 130) and "serving" in err and "Traceback" not in err
+
+
+def test_the_pass_histograms_are_read_from_the_batchers_counts_at_each_scrape():
+    """A shared pass does no metrics work: /metrics makes the histograms from the batcher's counts when scraped."""
+    from paradecode.server.metrics import Metrics
+
+    class Counts:
+        rows, sequences = {1: 5, 3: 2, 40: 1}, {1: 7, 2: 1}
+
+        def pass_counts(self):
+            return dict(self.rows), dict(self.sequences)
+
+    counts, metrics = Counts(), Metrics()
+    metrics.watch(counts)
+
+    def scraped() -> dict:
+        found = {}
+        for family in text_string_to_metric_families(metrics.render().decode()):
+            for sample in family.samples:
+                if sample.name.startswith("paradecode_batch_"):
+                    found[(sample.name, sample.labels.get("le"))] = sample.value
+        return found
+
+    first = scraped()
+    assert [first[("paradecode_batch_rows_bucket", le)] for le in ("1.0", "2.0", "4.0", "32.0", "64.0", "+Inf")] == [
+        5, 5, 7, 7, 8, 8]
+    assert first[("paradecode_batch_rows_sum", None)] == 5 + 6 + 40 and first[("paradecode_batch_rows_count", None)] == 8
+    assert first[("paradecode_batch_sequences_bucket", "1.0")] == 7 and first[("paradecode_batch_sequences_sum", None)] == 9
+    counts.rows[600] = 2  # two more passes, past the last bound
+    second = scraped()
+    assert second[("paradecode_batch_rows_bucket", "512.0")] == 8 and second[("paradecode_batch_rows_bucket", "+Inf")] == 10

@@ -120,7 +120,6 @@ class Batcher:
         self.passes = 0
         self.rows_histogram: Counter[int] = Counter()
         self.sequences_histogram: Counter[int] = Counter()
-        self.on_pass = None  # called with (rows, sequences) after each pass (the server's metrics)
 
     # -- sequences -------------------------------------------------------------------------------------
     @property
@@ -191,8 +190,8 @@ class Batcher:
         team_here()  # the batcher's thread gives its team up once it sees one sequence left (_serve)
         rows = ids.shape[0]
         with self._forwarding, torch.inference_mode():
-            out = self._stack.forward(ids, positions, [(sequence.page_table, start, rows, mask)], list(layers), logits,
-                                      list(aux_layers), False)  # lets go of the GIL: see _forward
+            out = self._stack.forward(ids, positions, [(sequence.page_table, start, rows, mask)], layers, logits,
+                                      aux_layers, False)  # lets go of the GIL: see _forward
         self._count(rows, 1)
         return out
 
@@ -318,8 +317,11 @@ class Batcher:
             self.passes += 1
             self.rows_histogram[rows] += 1
             self.sequences_histogram[sequences] += 1
-            if self.on_pass is not None:
-                self.on_pass(rows, sequences)
+
+    def pass_counts(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Copies of the passes counted so far: how many had each number of rows, and of sequences."""
+        with self._cond:
+            return dict(self.rows_histogram), dict(self.sequences_histogram)
 
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self._stack.move_slots(src, dst)
@@ -349,6 +351,7 @@ class Sequence(SlotCache):
         self._len = 0
         self._closed = False
         self.rows_per_pass = self.tokens_per_pass = 0.0  # moving means (``Batcher.load``)
+        self._every_layer = tuple(backend.layer_indices(None, None))  # what a plain pass runs, checked once
         self._committed = 0  # tokens committed since this sequence's last pass
 
     def load(self) -> Load:
@@ -392,22 +395,27 @@ class Sequence(SlotCache):
             raise ValueError(f"{start + t} tokens do not fit this sequence's cache ({self.max_length} slots)")
         if mask is not None and mask.shape != (t, start + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, start + t)}")
-        run_layers = tuple(self.batcher.backend.layer_indices(exit_layer, layers))
-        check_aux_layers(aux_layers, run_layers)
+        if exit_layer is None and layers is None and not aux_layers:  # a plain pass (a decode step's): checked once
+            run_layers, aux_layers = self._every_layer, ()
+        else:
+            run_layers, aux_layers = tuple(self.batcher.backend.layer_indices(exit_layer, layers)), tuple(aux_layers)
+            check_aux_layers(aux_layers, run_layers)
         if positions is None:
             positions = torch.arange(start, start + t)
         ids, positions = token_ids.long().contiguous(), positions.long().contiguous()
         hidden, scores, aux, done = [], [], [], 0
+        chunk = self.batcher.prefill_chunk
         while done < t:  # a long causal pass (a prompt) in chunks, so that it does not stall the others
-            size = t - done if mask is not None or self.batcher.alone(self) else self.batcher.prefill_chunk
+            size = t - done if mask is not None or t - done <= chunk or self.batcher.alone(self) else chunk
             if logits:  # a decode step's pass; a prompt's chunks pass once and would swell the rows for long after
-                self._count_pass(min(size, t - done))
-            part_ids, part_positions = ids[done : done + size], positions[done : done + size]
+                self._count_pass(size)
+            part_ids, part_positions = (ids, positions) if size == t else (ids[done : done + size],
+                                                                           positions[done : done + size])
             out = self.batcher.run_alone(self, part_ids, part_positions, mask, start + done, run_layers, logits,
-                                         tuple(aux_layers))
+                                         aux_layers)
             if out is None:
                 item = self.batcher.run(_Pass(self, part_ids, part_positions, mask, start + done, run_layers, logits,
-                                              tuple(aux_layers)))
+                                              aux_layers))
                 out = item.hidden, item.out_logits, item.aux
             hidden.append(out[0])
             if logits:

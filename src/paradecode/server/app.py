@@ -53,7 +53,7 @@ def create_app(model, defaults: ServerDefaults) -> FastAPI:
     # concurrent requests share forwards where the backend can batch (the native int8 forward) and it is asked for
     batch = model.batcher(defaults.cache_mb, max_rows=defaults.max_batch_rows) if defaults.max_batch > 1 else None
     if batch is not None:
-        batch.on_pass = metrics.observe_pass
+        metrics.watch(batch)
         model.cost_curve  # noqa: B018  measured here if ever (request threads run torch on one OpenMP thread)
     # the loading thread serves HTTP from now on and the worker's threads run the forwards: one OpenMP team
     # (see backends.sequences.Batcher._serve)

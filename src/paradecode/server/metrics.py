@@ -3,11 +3,15 @@
 Per decoding method: finished requests by finish reason, prompt and generated tokens, target and draft forward
 passes, drafted and accepted tokens, and histograms of time to first token and request latency (both from the
 request's arrival, queueing included). Per endpoint: HTTP requests by status code, counted by ``CountRequests``.
+With a batcher, histograms of the rows and requests of each shared forward pass, read from the batcher's own counts
+when /metrics is scraped (``BatchCollector``): a pass does no metrics work of its own.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from paradecode.stats import DecodeStats
 
@@ -49,19 +53,14 @@ class Metrics:
         self.queue_wait = Histogram("paradecode_queue_wait_seconds", "seconds from a request's arrival to the start "
                                     "of its decoding (waiting for a slot and for cache room)", buckets=_BUCKETS,
                                     registry=self.registry)
-        self.batch_rows = Histogram("paradecode_batch_rows", "rows (tokens) of each shared forward pass",
-                                    buckets=_ROWS, registry=self.registry)
-        self.batch_sequences = Histogram("paradecode_batch_sequences", "requests sharing each forward pass",
-                                         buckets=_ROWS, registry=self.registry)
         self.cache_used = Gauge("paradecode_cache_used_slots", "KV cache slots reserved by running requests",
                                 registry=self.registry)
         self.cache_slots = Gauge("paradecode_cache_slots", "KV cache slots the running requests share",
                                  registry=self.registry)
 
-    def observe_pass(self, rows: int, sequences: int) -> None:
-        """One shared forward pass ran (called by ``backends.sequences.Batcher``)."""
-        self.batch_rows.observe(rows)
-        self.batch_sequences.observe(sequences)
+    def watch(self, batcher) -> None:
+        """Report ``batcher``'s shared forward passes (``paradecode_batch_rows``, ``paradecode_batch_sequences``)."""
+        self.registry.register(BatchCollector(batcher))
 
     def observe_cache(self, used_slots: int, slots: int) -> None:
         self.cache_used.set(used_slots)
@@ -83,6 +82,22 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class BatchCollector(Collector):
+    """The histograms of a batcher's shared forward passes, made from its counts at each scrape."""
+
+    def __init__(self, batcher) -> None:
+        self.batcher = batcher
+
+    def collect(self):
+        rows, sequences = self.batcher.pass_counts()
+        for name, doc, counts in (("paradecode_batch_rows", "rows (tokens) of each shared forward pass", rows),
+                                  ("paradecode_batch_sequences", "requests sharing each forward pass", sequences)):
+            below = [sum(n for size, n in counts.items() if size <= bound) for bound in _ROWS]
+            yield HistogramMetricFamily(name, doc, buckets=[*zip((str(float(b)) for b in _ROWS), below),
+                                                            ("+Inf", sum(counts.values()))],
+                                        sum_value=sum(size * n for size, n in counts.items()))
 
 
 class CountRequests:

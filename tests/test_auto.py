@@ -371,7 +371,8 @@ def test_bad_auto_options_are_clear_errors():
 
     for options, message in (({"margin": -0.1}, "margin must be >= 0"), ({"carry": 0}, "carry must be in"),
                              ({"probe_every": -1}, "probe_every must be >= 0"),
-                             ({"laggard": 1.0}, "laggard must be in")):
+                             ({"laggard": 1.0}, "laggard must be in"),
+                             ({"quiet_doublings": -1}, "quiet_doublings must be in")):
         with pytest.raises(ParadecodeError, match=message):
             get_method("auto").create(options)
 
@@ -577,3 +578,37 @@ def test_concurrent_requests_of_one_process_keep_the_file_without_a_warning(tmp_
     assert not caught and not kept._warned and kept.read()["j"] == 39
     assert list((tmp_path / "kept").iterdir()) == [tmp_path / "kept" / "auto-x.json"]  # no temporary left behind
 
+
+
+def test_peek_rounds_that_find_nothing_to_accept_stretch_the_period_until_one_does(monkeypatch):
+    """With ``quiet_doublings`` (off by default), each round of peeks that would have had nothing accepted doubles
+    the period (up to 2^quiet_doublings x), while plain decoding runs; a peek with an accepted token, or a step of
+    a drafting arm, sets it back."""
+    assert auto_module.AutoOptions().quiet_doublings == 0  # off by default (see the module's docstring)
+    drafter = started({"candidates": "ar,pld,ngram", "quiet_doublings": 3}, {})
+    for name in ("pld", "ngram"):  # what the arms learn from a peek is not under test here
+        monkeypatch.setattr(drafter.arms[name].drafter, "peeked", lambda proposal, accepted: None)
+    state = DecodeState(tokens=[2, 3, 4, 2, 3, 4, 2, 3], prompt_len=3, sampling=SamplingConfig(),
+                        rng=torch.Generator(), max_draft=8)
+    base = drafter.options.probe_every
+    costs = [0.01] * 16
+
+    def round_scored(accepted: bool) -> None:
+        at = len(state.tokens)
+        drafter.peeks = [auto_module._Peek(arm, at, Proposal(tokens=[7, 8]), seconds=0.0) for arm in ("pld", "ngram")]
+        state.tokens.extend([7 if accepted else 9, 5])
+        drafter._score_peeks(state, costs)
+
+    periods = []
+    for _ in range(5):
+        round_scored(False)
+        periods.append(drafter._probe_period(state))
+    assert periods == [2 * base, 4 * base, 8 * base, 8 * base, 8 * base]
+    round_scored(True)
+    assert drafter._probe_period(state) == base
+    round_scored(False)
+    assert drafter._probe_period(state) == 2 * base
+    drafter.current = "pld"  # a drafting arm's step
+    drafter.step_start = drafter.draft_seconds = 0.0
+    drafter.observe(state, Verdict(accepted=[], accepted_tokens=[], next_token=5, bonus=False, committed_tokens=[5]))
+    assert drafter._probe_period(state) == base

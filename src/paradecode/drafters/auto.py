@@ -30,7 +30,14 @@ every peekable arm is measured on the same text, and the arm learns from the pee
 (``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
 (``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, at every peekable arm: on SmolLM2
 peeking, scoring and choosing take ~1% of the decode time. Requests that share their passes (and the kept
-estimates) take turns: each peeks every ``probe_every`` x their number of steps (``_probe_period``). With
+estimates) take turns: each peeks every ``probe_every`` x their number of steps (``_probe_period``). Where no
+drafter pays (free text the model does not repeat), peeking is most of what ``auto`` adds to plain decoding; with
+``quiet_doublings`` = k > 0 each round of peeks that would all have had nothing accepted, while plain decoding
+runs, doubles the period, up to 2^k x, and a peek with an accepted token, or a step of a drafting arm, sets it
+back. Off by default: on the Intel Xeon (SmolLM2-135M q4, 2026-12-05) k = 3 took the prompt where no drafter pays
+from 0.964x to 0.984x ``ar`` (``benchmarks/auto_start.py --rounds 3``, separate runs) but, in one paired run of the
+65 Spec-Bench questions, cost 1.3% overall (0.987x the same ``auto`` with k = 0) and noticed copying phases late:
+math_reasoning 0.89x the best fixed method in both runs with it, 0.93x without. With
 ``laggard`` > 0 an arm under ``laggard`` times
 the best rate is peeked at only every ``LAGGARD_EVERY``-th round; that saved time over seven arms but starved
 the arm that most needed its peeks. An arm's draft length comes from what its peeks taught it (``ngram`` drafts
@@ -124,6 +131,7 @@ class AutoOptions:
     probe_every: int = 4  # greedy: every this many steps, peek at each other peekable arm's draft (0: never)
     laggard: float = 0.0  # an arm under this share of the best rate is peeked at every 4th round only (0: none)
     probes: bool = True  # peeks teach an arm by its longer probe draft where it offers one (Drafter.peek)
+    quiet_doublings: int = 0  # peek rounds that found nothing to accept stretch the period up to 2^this x (0: never)
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -140,6 +148,8 @@ class AutoOptions:
             raise ParadecodeError(f"auto option carry must be in (0, 1], got {self.carry}.")
         if self.probe_every < 0:
             raise ParadecodeError(f"auto option probe_every must be >= 0, got {self.probe_every}.")
+        if not 0 <= self.quiet_doublings <= 10:
+            raise ParadecodeError(f"auto option quiet_doublings must be in 0..10, got {self.quiet_doublings}.")
         if not 0 <= self.laggard < 1:
             raise ParadecodeError(f"auto option laggard must be in [0, 1), got {self.laggard}.")
 
@@ -300,6 +310,8 @@ class AutoDrafter(Drafter):
         self.probing = state.sampling.greedy and self.options.probe_every > 0
         self.peeks: list[_Peek] = []
         self.steps_taken = self.peek_rounds = 0
+        self.quiet = 0  # peeks scored in a row that would have had nothing accepted, while plain decoding ran
+        self.peeked_arms = max(sum(self.arms[name].peekable for name in self.active) - 1, 1)  # peeks a round
 
     def propose(self, state: DecodeState) -> Proposal:
         name, reason = self._choose()
@@ -326,9 +338,9 @@ class AutoDrafter(Drafter):
         that run; as much as with them in a later one, whose steps went to ``pld`` and ``ngram``). Taking turns:
         14.46 against 14.02 requests/s (six alternating processes). Together the requests still give the
         estimates a round every ``probe_every`` passes."""
-        if self.kept is None or state.load is None:
-            return self.options.probe_every
-        return self.options.probe_every * (1 + state.load().requests)
+        base = self.options.probe_every if self.kept is None or state.load is None else \
+            self.options.probe_every * (1 + state.load().requests)
+        return base << min(self.quiet // self.peeked_arms, self.options.quiet_doublings)
 
     def _peek(self, state: DecodeState, chosen: str) -> None:
         """What every other peekable arm would draft now, scored later against the text (``_score_peeks``). An
@@ -364,6 +376,7 @@ class AutoDrafter(Drafter):
                 continue
             arm = self.arms[peek.arm]
             arm.peeks += 1
+            self.quiet = 0 if accepted else self.quiet + 1
             arm.drafter.peeked(learner.proposal, learnt)
             _add(arm.estimate, accepted + 1, peek.seconds + costs[len(peek.tokens)] * (1 + arm.estimate.excess))
         self.peeks = waiting
@@ -371,6 +384,8 @@ class AutoDrafter(Drafter):
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         chosen = self.arms[self.current]
         chosen.drafter.observe(state, verdict)
+        if chosen.drafter.drafts:
+            self.quiet = 0  # a drafting arm runs: the others are peeked at as often as ever, to compare
         seconds = time.perf_counter() - self.step_start
         tokens = len(verdict.committed_tokens)
         gamma = self.options.decay

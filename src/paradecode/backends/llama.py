@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -363,16 +363,28 @@ class LlamaBackend(SlotCache):
         return hidden
 
     def _check_pass(self, t: int, mask: torch.Tensor | None, exit_layer: int | None,
-                    layers: Sequence[int] | None, aux_layers: Sequence[int] = ()) -> list[int]:
+                    layers: Sequence[int] | None, aux_layers: Sequence[int] = ()) -> tuple[int, ...]:
         """Check a forward's arguments against the cache; returns the indices of the layers to run."""
         end = self._len + t
         if end > self.max_length:
             raise ValueError(f"{end} tokens do not fit the cache (max_length {self.max_length})")
         if mask is not None and mask.shape != (t, end):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, end)}")
-        indices = self.layer_indices(exit_layer, layers)
+        return self.pass_layers(exit_layer, layers, aux_layers)
+
+    def pass_layers(self, exit_layer: int | None, layers: Sequence[int] | None,
+                    aux_layers: Sequence[int] = ()) -> tuple[int, ...]:
+        """The layers a pass runs (``layer_indices``), its ``aux_layers`` checked against them; a plain pass's
+        (every layer, no aux) is worked out once: it is every decode step's, and this runs between forwards."""
+        if exit_layer is None and layers is None and not aux_layers:
+            return self._every_layer
+        indices = tuple(self.layer_indices(exit_layer, layers))
         check_aux_layers(aux_layers, indices)
         return indices
+
+    @cached_property
+    def _every_layer(self) -> tuple[int, ...]:
+        return tuple(self.layer_indices(None, None))
 
     def layer_indices(self, exit_layer: int | None, layers: Sequence[int] | None) -> list[int]:
         """The layers a forward runs: all, the first ``exit_layer``, or ``layers`` (checked)."""

@@ -42,7 +42,7 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from paradecode.backends.base import ForwardOutput, Load, SlotCache, check_aux_layers
+from paradecode.backends.base import ForwardOutput, Load, SlotCache
 from paradecode.backends.openmp import fills_cores, one_thread_here, release_team, team_here
 from paradecode.errors import ParadecodeError
 
@@ -295,8 +295,8 @@ class Batcher:
             # rounds of benchmarks/library_baseline.py: server / library 0.81-0.85 holding, 0.85-0.88 not).
             hold = self.hold_gil and ids.shape[0] <= self.prefill_chunk
             with self._forwarding, torch.inference_mode():
-                hidden, logits, aux = self._stack.forward(ids, positions, segments, list(batch[0].layers), want,
-                                                          list(batch[0].aux_layers), hold)
+                hidden, logits, aux = self._stack.forward(ids, positions, segments, batch[0].layers, want,
+                                                          batch[0].aux_layers, hold)
         except BaseException as error:  # every pass of the batch fails with it; the others' threads go on
             for p in batch:
                 p.error = error
@@ -351,7 +351,6 @@ class Sequence(SlotCache):
         self._len = 0
         self._closed = False
         self.rows_per_pass = self.tokens_per_pass = 0.0  # moving means (``Batcher.load``)
-        self._every_layer = tuple(backend.layer_indices(None, None))  # what a plain pass runs, checked once
         self._committed = 0  # tokens committed since this sequence's last pass
 
     def load(self) -> Load:
@@ -395,11 +394,7 @@ class Sequence(SlotCache):
             raise ValueError(f"{start + t} tokens do not fit this sequence's cache ({self.max_length} slots)")
         if mask is not None and mask.shape != (t, start + t):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(t, start + t)}")
-        if exit_layer is None and layers is None and not aux_layers:  # a plain pass (a decode step's): checked once
-            run_layers, aux_layers = self._every_layer, ()
-        else:
-            run_layers, aux_layers = tuple(self.batcher.backend.layer_indices(exit_layer, layers)), tuple(aux_layers)
-            check_aux_layers(aux_layers, run_layers)
+        run_layers, aux_layers = self.batcher.backend.pass_layers(exit_layer, layers, aux_layers), tuple(aux_layers)
         if positions is None:
             positions = torch.arange(start, start + t)
         ids, positions = token_ids.long().contiguous(), positions.long().contiguous()

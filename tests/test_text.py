@@ -101,10 +101,28 @@ def test_each_step_decodes_a_window_and_the_text_is_the_whole_decode(kind, tmp_p
             assert source._settled_text == decode(ids[: source._settled]), kind
             if not decode(ids[:done]).endswith("\ufffd"):  # whole characters: all settled, from a window of at most
                 assert source._settled == done, kind  # 2 x CONTEXT settled tokens and those not settled before
-                assert max(sizes) <= 2 * IncrementalText.CONTEXT + done - settled, (kind, sizes)
+                assert max(sizes, default=0) <= 2 * IncrementalText.CONTEXT + done - settled, (kind, sizes)
         deltas.append(view.finish())
         assert "".join(deltas) == view.text == decode(ids), kind
     assert longest > 100
+
+
+def test_extend_after_a_peek_at_the_same_tokens_decodes_them_once():
+    """The engine peeks at a step's tokens for its stop strings, then commits them: one decode of the window."""
+    calls = []
+
+    def decode(ids):
+        calls.append(list(ids))
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    text = IncrementalText(decode)
+    text.extend([1, 2, 3])
+    calls.clear()
+    assert text.peek([4, 5]) == "bcdef" and text.extend([4, 5]) == "bcdef"
+    assert calls == [[1, 2, 3, 4, 5]]
+    calls.clear()
+    assert text.peek([6]) == "bcdefg" and text.extend([7]) == "bcdefh"  # other tokens than the peek's: decoded anew
+    assert calls == [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7]]
 
 
 def _expected(model, ids: list[int], stops: list[str]) -> tuple[str, list[int], str]:

@@ -64,15 +64,22 @@ class IncrementalText:
         self._settled_text = ""
         self._start = 0  # where the window begins (<= _settled); decode(tokens[_start:_settled]) == _head
         self._head = ""
+        self._peeked: tuple[int, int, list[int], str] | None = None  # the last peek: len(tokens), _start, more, decode
 
     def peek(self, more: Sequence[int] = ()) -> str:
-        """``decode(tokens + more)``, the tokens unchanged."""
-        return self._text(self.decode(self.tokens[self._start:] + list(more)), more)[0]
+        """``decode(tokens + more)``, the tokens unchanged. An ``extend`` by the same ``more`` next reuses this
+        decode (the engine peeks at a step's tokens for its stop strings, then commits them)."""
+        more = list(more)
+        window = self.decode(self.tokens[self._start:] + more)
+        self._peeked = (len(self.tokens), self._start, more, window)
+        return self._text(window, more)[0]
 
     def extend(self, more: Sequence[int]) -> str:
         """Append ``more``; the text of every token so far."""
+        more, peeked, self._peeked = list(more), self._peeked, None
+        same = peeked is not None and peeked[:3] == (len(self.tokens), self._start, more)
         self.tokens.extend(more)
-        full, window = self._text(self.decode(self.tokens[self._start:]), ())
+        full, window = self._text(peeked[3] if same else self.decode(self.tokens[self._start:]), ())
         if full.endswith("\ufffd"):  # a character's last pieces are still to come: nothing new is settled
             return full
         if window is None:  # whole again after a rewrite: the window's text, if it still ends the whole

@@ -84,8 +84,7 @@ class HttpClient:
 
     def tokens(self, args, question: str) -> int:
         body = dict(model=args.model, messages=[{"role": "user", "content": question}], max_tokens=args.max_tokens,
-                    temperature=0, stream=not args.no_stream, **({"paradecode": {"method": args.method}}
-                                                                 if args.method else {}))
+                    temperature=0, stream=not args.no_stream, **(server_load.extra_body(args) or {}))
         if args.no_stream:
             return json.loads(self._call("POST", "/v1/chat/completions", body).read())["usage"]["completion_tokens"]
         body["stream_options"] = {"include_usage": True}

@@ -241,6 +241,10 @@ def test_ngram_table_predicts_the_most_frequent_successor_at_every_level():
     assert table.predict([9, 1]) == [(2, (2, 1, True)), (2, (1, 2, False))]  # (9, 1) was followed by 2 once
     assert table.predict([7, 4, 1]) == [(2, (1, 2, False))]  # only the 1-gram is known
     assert table.predict([8]) == []
+    grown = NgramTable(1, 3)  # the same counts when the text arrives a few tokens at a time, as while decoding
+    for end in (2, 3, 7, len(tokens)):
+        grown.update(tokens[:end])
+    assert all(grown.predict(context) == table.predict(context) for context in ([5, 1], [9, 1], [1, 3], [2]))
 
 
 def _first_proposal(method: str, tokens: list[int], **options) -> list[int]:

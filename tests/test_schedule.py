@@ -3,6 +3,8 @@
 The cost schedule times its own steps; these tests drive it with a fake clock, so every number is exact.
 """
 
+import random
+
 import pytest
 import torch
 
@@ -101,6 +103,40 @@ def test_cost_curve_recovers_a_line_and_keeps_a_kink():
     predicted = kinked.predictions(8)
     assert predicted[1] > predicted[3]
     assert predicted[1] == pytest.approx(1.8, rel=0.1)
+
+
+def _reference_predictions(curve: CostCurve, upto: int) -> list[float]:
+    """predictions' definition, written out plainly: each T's mean blended with the prior by their weights."""
+    if curve.shape:
+        points = [(min(curve.count[t], curve.MAX_WEIGHT), curve.shape_at(t), y) for t, y in curve.mean.items()]
+        base = sum(w * x * y for w, x, y in points) / sum(w * x * x for w, x, _ in points)
+        prior = [base * curve.shape_at(t) for t in range(1, upto + 1)]
+    else:
+        base, slope = curve.line()
+        prior = [base + slope * (t - 1) for t in range(1, upto + 1)]
+    out = []
+    for tokens, line in zip(range(1, upto + 1), prior):
+        n = min(curve.count.get(tokens, 0), curve.MAX_WEIGHT)
+        out.append((n * curve.mean.get(tokens, line) + curve.PRIOR_WEIGHT * line) / (n + curve.PRIOR_WEIGHT))
+    return out
+
+
+@pytest.mark.parametrize("shape", [None, {1: 1.0, 2: 1.1, 4: 1.25, 8: 1.5, 16: 2.05, 32: 3.2}])
+def test_cost_curve_predictions_match_their_definition_to_the_bit_whatever_was_asked_before(shape):
+    """predictions keeps one fit for the most T asked and answers shorter questions from it, and ``at`` answers
+    for one T: every answer is the definition's, bit for bit, after any sequence of adds and questions (a T beyond
+    every mean included)."""
+    rng = random.Random(7)
+    curve = CostCurve(shape)
+    for _ in range(200):
+        if rng.random() < 0.6:
+            curve.add(rng.choice([1, 1, 1, 2, 3, 5, 9, 17, 40]), rng.uniform(0.002, 0.02))
+        if not curve.empty:
+            upto = rng.choice([1, 2, 6, 17, 33])
+            if rng.random() < 0.5:  # one T alone, before or after the list
+                assert curve.at(upto) == _reference_predictions(curve, upto)[-1]
+            assert curve.predictions(upto) == _reference_predictions(curve, upto)
+            assert curve.at(upto) == _reference_predictions(curve, upto)[-1]
 
 
 def test_cost_curve_clips_outliers():

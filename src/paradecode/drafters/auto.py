@@ -305,6 +305,12 @@ class AutoDrafter(Drafter):
         for name in self.active:
             self.arms[name].drafter.begin(state)
         self.current, self.switches, self.step_start, self.draft_seconds, self.rows = "", 0, 0.0, 0.0, 1
+        self.warmed = False  # every active arm has had its warm-up steps
+        # Each active arm's factor on its rate in the choice, the margin in favour of the surer choice: plain
+        # decoding over any drafting, a peeked arm (measured on the same text) over one that is not.
+        margin = 1.0 + self.options.margin
+        self.favour = [(1.0 if arm.drafter.drafts else margin) / (1.0 if arm.peekable else margin)
+                       for arm in (self.arms[name] for name in self.active)]
         # Peeks score an arm's drafts on the text the chosen arms produce; greedy only (under sampling what is
         # accepted is a draw, not a match with the text)
         self.probing = state.sampling.greedy and self.options.probe_every > 0
@@ -403,15 +409,13 @@ class AutoDrafter(Drafter):
         estimate = chosen.estimate
         verify = seconds - self.draft_seconds  # the verify pass and bookkeeping
         self.curve.add(self.rows, max(verify, 1e-6))
-        # one fit prices this step and every pending peek
-        costs = self.curve.predictions(max([self.rows] + [1 + len(peek.tokens) for peek in self.peeks]))
-        fitted = costs[self.rows - 1]
+        fitted = self.curve.at(self.rows)
         _add(estimate, tokens, min(seconds, OUTLIER * (self.draft_seconds + fitted * (1 + estimate.excess))))
         estimate.excess_sum += min(max(verify / fitted - 1, -0.5), 1.0)  # noise kept within bounds
         estimate.excess_weight += 1
         self.steps_taken += 1
-        if self.peeks:
-            self._score_peeks(state, costs)
+        if self.peeks:  # one fit prices this step and every pending peek
+            self._score_peeks(state, self.curve.predictions(max(1 + len(peek.tokens) for peek in self.peeks)))
 
     def end(self, state: DecodeState) -> None:
         if self.kept is not None:
@@ -421,24 +425,21 @@ class AutoDrafter(Drafter):
             self.kept_file.write({"estimates": {name: dataclasses.asdict(e) for name, e in estimates.items()}})
 
     def _choose(self) -> tuple[str, str]:
-        for name in self.active:
-            if self.arms[name].estimate.steps < self.options.warmup:
-                return name, "warmup"
-        arms = [self.arms[name] for name in self.active]
-        log_total = math.log(max(sum(arm.estimate.steps for arm in arms), 1))
+        if not self.warmed:  # an arm's count only grows within a request: once all are warm they stay so
+            for name in self.active:
+                if self.arms[name].estimate.steps < self.options.warmup:
+                    return name, "warmup"
+            self.warmed = True
+        # Each arm's rate, within the margin in favour of the surer choice (``favour``); then the UCB bonus, which
+        # shrinks with the arm's lifetime count (peeks included).
+        estimates = [self.arms[name].estimate for name in self.active]
+        rates = [e.rate * f for e, f in zip(estimates, self.favour)]
+        counts = [e.steps for e in estimates]
+        log_total = math.log(max(sum(counts), 1))
         c = self.options.exploration
-
-        def rate(name: str) -> float:  # the rate, within the margin in favour of the surer choice: plain decoding
-            arm = self.arms[name]  # over any drafting, a peeked arm (measured on the same text) over one that is not
-            favour = 1.0 if arm.drafter.drafts else 1.0 + self.options.margin
-            return arm.rate * (favour if arm.peekable else favour / (1.0 + self.options.margin))
-
-        def ucb(name: str) -> float:  # the bonus shrinks with the arm's lifetime count (peeks included)
-            return rate(name) * (1.0 + c * math.sqrt(log_total / max(self.arms[name].estimate.steps, 1)))
-
-        best = max(self.active, key=rate)
-        pick = max(self.active, key=ucb)
-        return pick, "best" if pick == best else "explore"
+        ucbs = [r * (1.0 + c * math.sqrt(log_total / max(n, 1))) for r, n in zip(rates, counts)]
+        best, pick = rates.index(max(rates)), ucbs.index(max(ucbs))  # the first of equals, as max(key=) gives
+        return self.active[pick], "best" if pick == best else "explore"
 
     def summary(self) -> dict:
         candidates = {}

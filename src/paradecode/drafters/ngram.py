@@ -54,18 +54,23 @@ class NgramTable:
         self.min_n, self.max_n = min_n, max_n
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}  # context -> {next token: times seen}
         self.best: dict[tuple[int, ...], int] = {}  # context -> most frequent next token (ties: the latest)
+        self.total: dict[tuple[int, ...], int] = {}  # context -> times seen with a successor
         self.indexed = 1  # successors at positions < indexed are counted
 
     def update(self, tokens: list[int]) -> None:
         """Count the successors of every n-gram whose next token is known."""
+        counts, best, total = self.counts, self.best, self.total
         for end in range(self.indexed, len(tokens)):  # tokens[end] follows the n-grams ending at end - 1
             token = tokens[end]
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 context = tuple(tokens[end - n : end])
-                seen = self.counts.setdefault(context, {})
-                seen[token] = seen.get(token, 0) + 1
-                if seen[token] >= seen.get(self.best.get(context, token), 0):
-                    self.best[context] = token
+                seen = counts.get(context)
+                if seen is None:
+                    seen = counts[context] = {}
+                times = seen[token] = seen.get(token, 0) + 1
+                total[context] = total.get(context, 0) + 1
+                if times >= seen.get(best.get(context, token), 0):
+                    best[context] = token
         self.indexed = max(self.indexed, len(tokens))
 
     def predict(self, context: list[int]) -> list[tuple[int, tuple[int, int, bool]]]:
@@ -76,8 +81,8 @@ class NgramTable:
             key = tuple(context[-n:])
             token = self.best.get(key)
             if token is not None:
-                seen = self.counts[key]
-                guesses.append((token, (n, min(seen[token], 3), 2 * seen[token] > sum(seen.values()))))
+                times = self.counts[key][token]
+                guesses.append((token, (n, min(times, 3), 2 * times > self.total[key])))
         return guesses
 
 
@@ -142,13 +147,23 @@ class NgramDrafter(ScheduledDrafter):
         drafts: list[int] = []
         tags: list[tuple] = []
         chances: list[float] = []
+        rates: dict[tuple, float] = {}  # each tag's rate: the acceptance does not change while drafting
+
+        def rate(guess: tuple[int, tuple]) -> float:
+            tag = guess[1]
+            known = rates.get(tag)
+            if known is None:
+                known = rates[tag] = self.acceptance.rate(tag)
+            return known
+
         while len(drafts) < length:
             guesses = self.table.predict(context)
             if not guesses:
                 break
             # the level whose kind of guess has been accepted most often (ties: the longest context)
-            token, tag = max(guesses, key=lambda guess: self.acceptance.rate(guess[1]))
-            chance = (chances[-1] if chances else 1.0) * self.acceptance.rate(tag)
+            guess = max(guesses, key=rate)
+            token, tag = guess
+            chance = (chances[-1] if chances else 1.0) * rate(guess)
             if chance < self.options.min_accept:
                 break
             drafts.append(token)

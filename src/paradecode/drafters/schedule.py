@@ -149,10 +149,11 @@ class AcceptanceProfile:
 
     def expected_accepted(self) -> list[float]:
         """E[accepted(k)] for k = 0 .. positions."""
-        expected, survive = [0.0], 1.0
+        expected, survive, total = [0.0], 1.0, 0.0
         for rate in self.rates():
             survive *= rate
-            expected.append(expected[-1] + survive)
+            total += survive
+            expected.append(total)
         return expected
 
 
@@ -177,6 +178,8 @@ class CostCurve:
         self.shape = dict(sorted(shape.items())) if shape else None
         self._shape_at: dict[float, float] = {}  # shape_at's answers (the shape never changes)
         self._predicted: list[float] = []  # predictions' last answer, until the next add
+        self._horizon = 1  # the most T predictions was asked for
+        self._shape_list: list[float] = []  # shape_at(1), shape_at(2), ...
 
     @property
     def empty(self) -> bool:
@@ -196,23 +199,56 @@ class CostCurve:
     def predictions(self, upto: int) -> list[float]:
         """Predicted seconds for T = 1 .. upto: each T's own mean blended with the prior (the measured shape
         scaled to this request, else the fitted line) by their weights. Asked every step by every schedule and
-        by ``auto``, so the answer is kept until the next ``add``."""
+        by ``auto``, so the answer is kept until the next ``add``, for the most T anyone asked since the curve
+        began (a schedule asks for its longest draft, ``auto`` for its peeks' rows: one fit serves both)."""
         if len(self._predicted) >= upto:
             return self._predicted[:upto]
+        asked, upto = upto, max(upto, self._horizon)
+        self._horizon = upto
         if self.shape:
-            points = [(min(self.count[t], self.MAX_WEIGHT), self.shape_at(t), y) for t, y in self.mean.items()]
-            base = sum(w * x * y for w, x, y in points) / sum(w * x * x for w, x, _ in points)
-            prior = [base * self.shape_at(t) for t in range(1, upto + 1)]
+            base = self._shape_base()
+            predicted = [base * s for s in self._shape_upto(upto)]
         else:
             base, slope = self.line()
-            prior = [base + slope * (t - 1) for t in range(1, upto + 1)]
-        predicted = []
-        for tokens, line in zip(range(1, upto + 1), prior):
-            n = min(self.count.get(tokens, 0), self.MAX_WEIGHT)
-            mean = self.mean.get(tokens, line)
-            predicted.append((n * mean + self.PRIOR_WEIGHT * line) / (n + self.PRIOR_WEIGHT))
+            predicted = [base + slope * (t - 1) for t in range(1, upto + 1)]
+        # a T never seen keeps the prior: (0 * line + w * line) / w is line to the bit
+        for tokens in self.mean:
+            if tokens <= upto:
+                predicted[tokens - 1] = self._blend(tokens, predicted[tokens - 1])
         self._predicted = predicted
-        return list(predicted)
+        return predicted[:asked]
+
+    def at(self, tokens: int) -> float:
+        """``predictions(tokens)[-1]``, bit for bit, without working out the shorter T (``auto`` prices its step
+        by it every step)."""
+        if len(self._predicted) >= tokens:
+            return self._predicted[tokens - 1]
+        if self.shape:
+            prior = self._shape_base() * self.shape_at(tokens)
+        else:
+            base, slope = self.line()
+            prior = base + slope * (tokens - 1)
+        return self._blend(tokens, prior) if tokens in self.mean else prior
+
+    def _shape_base(self) -> float:
+        """The scale of the measured shape that fits this curve's means best (weighted least squares)."""
+        num = den = 0.0
+        for t, y in self.mean.items():
+            w, x = min(self.count[t], self.MAX_WEIGHT), self.shape_at(t)
+            num += w * x * y
+            den += w * x * x
+        return num / den
+
+    def _blend(self, tokens: int, prior: float) -> float:
+        """A seen T's mean blended with the prior by their weights."""
+        n = min(self.count[tokens], self.MAX_WEIGHT)
+        return (n * self.mean[tokens] + self.PRIOR_WEIGHT * prior) / (n + self.PRIOR_WEIGHT)
+
+    def _shape_upto(self, upto: int) -> list[float]:
+        """shape_at(T) for T = 1 .. upto (the shape never changes: kept)."""
+        if len(self._shape_list) < upto:
+            self._shape_list = [self.shape_at(t) for t in range(1, upto + 1)]
+        return self._shape_list[:upto] if len(self._shape_list) > upto else self._shape_list
 
     def shape_at(self, tokens: float) -> float:
         """The measured relative cost at T, linear between measured sizes and along the last segment beyond."""
@@ -320,7 +356,7 @@ class CostSchedule(DraftSchedule):
         else:
             verify = self.curve.predictions(len(expected))  # verify[k]: a step scoring 1 + k tokens
             scores = [(1 + e) / (verify[k] + draft * k) for k, e in enumerate(expected)]
-        return max(range(len(scores)), key=scores.__getitem__)
+        return scores.index(max(scores))  # the first best, as max over the indices would pick
 
     def _probe(self, k: int) -> int:
         """While drafting does not pay (k = 0), draft one token now and then so a low estimate can be proven

@@ -254,6 +254,24 @@ def test_an_arm_that_cannot_be_peeked_at_must_beat_the_peeked_ones_by_the_margin
     assert drafter._choose() == (choice, "best")
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_only_an_arm_no_peek_measures_gets_the_exploration_bonus(greedy):
+    """pld rated just under plain decoding, on few measurements: its peeks measure it on the same text, so greedy
+    decoding never gives it a step to explore (each such step drafted where nothing paid); under sampling, where
+    nothing is peeked at, the bonus tries it; jacobi, which cannot be peeked at, is tried either way."""
+    def estimate(rate: float, steps: int) -> "auto_module._Estimate":
+        return auto_module._Estimate(discounted_tokens=rate, discounted_seconds=1.0, steps=steps)
+
+    sampling = SamplingConfig() if greedy else SamplingConfig(temperature=0.8)
+    for candidates, other in (("ar,pld", "pld"), ("ar,jacobi", "jacobi")):
+        drafter = get_method("auto").create(dict(candidates=candidates, persist=False))
+        store = {("auto", drafter.options): {"estimates": {"ar": estimate(100.0, 400), other: estimate(97.0, 8)}}}
+        drafter.begin(DecodeState(tokens=[2, 3, 4], prompt_len=3, sampling=sampling, rng=torch.Generator(),
+                                  max_draft=8, method_state=store))
+        explored = other == "jacobi" or not greedy
+        assert drafter._choose() == ((other, "explore") if explored else ("ar", "best"))
+
+
 @pytest.mark.parametrize("laggard, peeked_rounds", [(0.0, 8), (0.85, 2)])
 def test_every_peekable_arm_is_peeked_at_every_round_unless_a_laggard_share_is_set(laggard, peeked_rounds):
     """A slow-rated arm needs its peeks most (its draft length comes from them): by default it gets every round."""
@@ -581,10 +599,10 @@ def test_concurrent_requests_of_one_process_keep_the_file_without_a_warning(tmp_
 
 
 def test_peek_rounds_that_find_nothing_to_accept_stretch_the_period_until_one_does(monkeypatch):
-    """With ``quiet_doublings`` (off by default), each round of peeks that would have had nothing accepted doubles
+    """With ``quiet_doublings`` (1 by default), each round of peeks that would have had nothing accepted doubles
     the period (up to 2^quiet_doublings x), while plain decoding runs; a peek with an accepted token, or a step of
     a drafting arm, sets it back."""
-    assert auto_module.AutoOptions().quiet_doublings == 0  # off by default (see the module's docstring)
+    assert auto_module.AutoOptions().quiet_doublings == 1  # one doubling by default (see the module's docstring)
     drafter = started({"candidates": "ar,pld,ngram", "quiet_doublings": 3}, {})
     for name in ("pld", "ngram"):  # what the arms learn from a peek is not under test here
         monkeypatch.setattr(drafter.arms[name].drafter, "peeked", lambda proposal, accepted: None)

@@ -28,16 +28,20 @@ by the arm's first own step: one preempted step priced every later peek of an ar
 above all, at several steps, and nothing ever corrected it.) So
 every peekable arm is measured on the same text, and the arm learns from the peek's verdict
 (``Drafter.peeked``: n-gram tag and draft-length statistics). The arms' cost schedules share the same curve
-(``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, at every peekable arm: on SmolLM2
-peeking, scoring and choosing take ~1% of the decode time. Requests that share their passes (and the kept
-estimates) take turns: each peeks every ``probe_every`` x their number of steps (``_probe_period``). Where no
-drafter pays (free text the model does not repeat), peeking is most of what ``auto`` adds to plain decoding; with
-``quiet_doublings`` = k > 0 each round of peeks that would all have had nothing accepted, while plain decoding
-runs, doubles the period, up to 2^k x, and a peek with an accepted token, or a step of a drafting arm, sets it
-back. Off by default: on the Intel Xeon (SmolLM2-135M q4, 2026-12-05) k = 3 took the prompt where no drafter pays
-from 0.964x to 0.984x ``ar`` (``benchmarks/auto_start.py --rounds 3``, separate runs) but, in one paired run of the
-65 Spec-Bench questions, cost 1.3% overall (0.987x the same ``auto`` with k = 0) and noticed copying phases late:
-math_reasoning 0.89x the best fixed method in both runs with it, 0.93x without. With
+(``DecodeState.step_cost``). Peeks run every ``probe_every`` (4) steps, at every peekable arm. Requests that
+share their passes (and the kept estimates) take turns: each peeks every ``probe_every`` x their number of steps
+(``_probe_period``). Where no drafter pays (free text the model does not repeat), peeking is most of what
+``auto`` adds to plain decoding. Its Python is cheap hot (a round of peeks ~10 us) but runs right after a
+forward, whose weight stream has pushed every Python object out of the caches: on the Intel Xeon (SmolLM2-135M
+q4, 4.2 ms steps, 2026-12-05) a step that peeked took ~300 us more than one of ``ar``, any other ~100 us more.
+So with ``quiet_doublings`` = k > 0 (1 by default) each round of peeks that would all have had nothing accepted,
+while plain decoding runs, doubles the period, up to 2^k x, and a peek with an accepted token, or a step of a
+drafting arm, sets it back. Measured there on the prompt where no drafter pays (16 rounds of one request of each
+variant in one process, median of the per-round ratios to ``ar``): k = 0 0.967x, k = 1 0.992x, no peeks at all
+1.011x; on the 65 Spec-Bench questions in one paired run k = 1 gave 215.7 tok/s against 215.3 for k = 0 (``ngram``
+223.3). k = 3 took the no-drafter prompt to 0.984x ``ar`` (``benchmarks/auto_start.py --rounds 3``) but, in a paired
+65-question run, cost 1.3% overall and noticed copying phases late (math_reasoning 0.89x the best fixed method in
+both runs with it, 0.93x without). With
 ``laggard`` > 0 an arm under ``laggard`` times
 the best rate is peeked at only every ``LAGGARD_EVERY``-th round; that saved time over seven arms but starved
 the arm that most needed its peeks. An arm's draft length comes from what its peeks taught it (``ngram`` drafts
@@ -57,8 +61,10 @@ the largest
     rate_a * (1 + exploration * sqrt(ln(sum_b n_b) / n_a))
 where n_a is the arm's measured steps and peeks over its lifetime, kept across requests and processes
 (UCB1 with a multiplicative, scale-free bonus): an arm that cannot be peeked at (``jacobi``, ``lookahead``,
-``layerskip``) is tried again less and less often, a peekable arm hardly needs the bonus. The bookkeeping is
-a few float operations a step. The discount's memory (1 / (1 - decay) steps, ~200 by default: a few
+``layerskip``) is tried again less and less often. An arm that is peeked at gets no bonus: its peeks measure it on
+the text already, and a step given to it to explore is a step of drafting where the estimates say nothing pays
+(not timed apart from the change to ``quiet_doublings`` it came with). Under sampling, where nothing is peeked
+at, every arm has its bonus. The bookkeeping is a few float operations a step. The discount's memory (1 / (1 - decay) steps, ~200 by default: a few
 requests, since the estimates carry over) is long because one step's time is noisy (a step's tokens vary
 2x, a shared CPU stalls) while the arms' true rates differ by a few tens of per cent: with 0.98 (~50 steps)
 the estimates jittered past each other and ``auto`` spread its steps over arms up to 20% slower (Spec-Bench,
@@ -131,7 +137,7 @@ class AutoOptions:
     probe_every: int = 4  # greedy: every this many steps, peek at each other peekable arm's draft (0: never)
     laggard: float = 0.0  # an arm under this share of the best rate is peeked at every 4th round only (0: none)
     probes: bool = True  # peeks teach an arm by its longer probe draft where it offers one (Drafter.peek)
-    quiet_doublings: int = 0  # peek rounds that found nothing to accept stretch the period up to 2^this x (0: never)
+    quiet_doublings: int = 1  # peek rounds that found nothing to accept stretch the period up to 2^this x (0: never)
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -306,14 +312,16 @@ class AutoDrafter(Drafter):
             self.arms[name].drafter.begin(state)
         self.current, self.switches, self.step_start, self.draft_seconds, self.rows = "", 0, 0.0, 0.0, 1
         self.warmed = False  # every active arm has had its warm-up steps
+        # Peeks score an arm's drafts on the text the chosen arms produce; greedy only (under sampling what is
+        # accepted is a draw, not a match with the text)
+        self.probing = state.sampling.greedy and self.options.probe_every > 0
         # Each active arm's factor on its rate in the choice, the margin in favour of the surer choice: plain
         # decoding over any drafting, a peeked arm (measured on the same text) over one that is not.
         margin = 1.0 + self.options.margin
         self.favour = [(1.0 if arm.drafter.drafts else margin) / (1.0 if arm.peekable else margin)
                        for arm in (self.arms[name] for name in self.active)]
-        # Peeks score an arm's drafts on the text the chosen arms produce; greedy only (under sampling what is
-        # accepted is a draw, not a match with the text)
-        self.probing = state.sampling.greedy and self.options.probe_every > 0
+        # whether an active arm gets the exploration bonus: not one that peeks measure
+        self.explored = [not (self.probing and self.arms[name].peekable) for name in self.active]
         self.peeks: list[_Peek] = []
         self.steps_taken = self.peek_rounds = 0
         self.quiet = 0  # peeks scored in a row that would have had nothing accepted, while plain decoding ran
@@ -437,7 +445,8 @@ class AutoDrafter(Drafter):
         counts = [e.steps for e in estimates]
         log_total = math.log(max(sum(counts), 1))
         c = self.options.exploration
-        ucbs = [r * (1.0 + c * math.sqrt(log_total / max(n, 1))) for r, n in zip(rates, counts)]
+        ucbs = [r * (1.0 + c * math.sqrt(log_total / max(n, 1))) if explore else r
+                for r, n, explore in zip(rates, counts, self.explored)]
         best, pick = rates.index(max(rates)), ucbs.index(max(ucbs))  # the first of equals, as max(key=) gives
         return self.active[pick], "best" if pick == best else "explore"
 

@@ -39,15 +39,19 @@ def solo(backend, method, options, temperature, prompt, max_new_tokens, seed):
     return out
 
 
-def in_threads(batcher, jobs, *, stagger_s=0.0):
+def in_threads(batcher, jobs, *, stagger_s=0.0, together=False):
     """Run each job (method, options, temperature, prompt, max_new_tokens, seed) in its own thread on a sequence
-    of the batcher; returns the outputs in order."""
+    of the batcher; returns the outputs in order. ``together``: every thread has its sequence open before any
+    decodes (on a busy machine threads started one after another may otherwise each run alone)."""
     results, errors = [None] * len(jobs), []
+    opened = threading.Barrier(len(jobs)) if together else None
 
     def work(i, job):
         method, options, temperature, prompt, max_new, seed = job
         try:
             with batcher.open(len(prompt) + max_new + 64, wait=True) as sequence:
+                if opened is not None:
+                    opened.wait(60)
                 results[i] = solo(sequence, method, options, temperature, prompt, max_new, seed)
         except BaseException as error:  # reported by the test
             errors.append(error)
@@ -68,7 +72,7 @@ def test_concurrent_requests_get_exactly_their_solo_outputs(backend):
             for i, (method, options, temperature) in enumerate(CASES)]
     expected = [solo(backend, *job) for job in jobs]
     batcher = backend.batcher(8 << 20)
-    assert in_threads(batcher, jobs) == expected
+    assert in_threads(batcher, jobs, together=True) == expected
     # the passes were shared: fewer passes than the requests' steps, several sequences in most of them
     assert batcher.passes > 0 and max(batcher.sequences_histogram) >= 4
     assert batcher.pool.free == batcher.pool.pages and batcher.open_sequences == 0  # every page came back

@@ -172,6 +172,11 @@ def table(model):
     return cases
 
 
+def test_no_stop_strings_given_as_none_is_none_at_all(model):
+    plain = model.generate(PROMPT, method="ar", max_new_tokens=8, chat=False)
+    assert model.generate(PROMPT, method="ar", max_new_tokens=8, chat=False, stop=None).text == plain.text
+
+
 def test_stream_equals_generate_on_the_stop_table(model, table):
     for method, stops, text, ids, reason in table:
         stream = model.stream(PROMPT, method=method, max_new_tokens=MAX_NEW, stop=stops, chat=False)
@@ -237,3 +242,27 @@ def test_stream_equals_generate_with_a_byte_level_tokenizer(tmp_path):
                 assert stream.result.token_ids == ids
                 checked += 1
     assert checked == 72
+
+
+@pytest.mark.parametrize("clean_up", [False, True])
+def test_the_models_decode_is_the_tokenizers_whatever_path_it_takes(clean_up, tmp_path):
+    """A fast tokenizer that cleans up no spaces decodes in its Rust tokenizer directly (``api._direct_decode``);
+    one that does goes through transformers. Either way the text is the tokenizer's own decode, special tokens
+    skipped, on byte-level pieces that split characters included."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    from paradecode.api import _direct_decode
+    from tiny import BYTE_TEXT
+
+    path = tiny_bytes_model_dir(tmp_path)
+    fast = transformers.AutoTokenizer.from_pretrained(path)
+    fast.clean_up_tokenization_spaces = clean_up
+    decode = _direct_decode(fast)
+    assert isinstance(decode.func.__self__, Tokenizer) is (not clean_up)
+    ids = fast.encode(BYTE_TEXT + " don 't , ok .") + [fast.eos_token_id]
+    rng = random.Random(0)
+    for _ in range(300):
+        start = rng.randrange(len(ids))
+        piece = ids[start : start + rng.randrange(1, 12)] + ([fast.eos_token_id] if rng.random() < 0.2 else [])
+        assert decode(piece) == fast.decode(piece, skip_special_tokens=True)

@@ -7,13 +7,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+import tokenizers
 
 from paradecode import utf8
 from paradecode.backends import DTYPES as BACKEND_DTYPES
@@ -171,6 +174,7 @@ class Model:
         self._lock = threading.RLock()  # concurrent requests build the lazily loaded parts once
         self._exclusive = threading.Lock()  # methods that draft on a shared backend take turns (Drafter.exclusive)
         self._batcher = None
+        self._decode = _direct_decode(tokenizer)
 
     @property
     def dtype(self) -> str:
@@ -227,7 +231,7 @@ class Model:
         return [int(t) for t in ids]
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return self._decode(list(token_ids))
 
     # -- methods ---------------------------------------------------------------------------------------
     def drafter(self, method: str, options: dict[str, Any] | None = None) -> Drafter:
@@ -343,7 +347,7 @@ class Model:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = (),
         chat: bool | None = None,
         options: dict[str, Any] | None = None,
         draft_model: str | None = None,
@@ -360,7 +364,7 @@ class Model:
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-            stop=tuple([stop] if isinstance(stop, str) else stop),
+            stop=tuple([stop] if isinstance(stop, str) else stop or ()),  # None: no stop strings, as OpenAI's
         )
         options = dict(options or {})
         if draft_model is not None:
@@ -474,6 +478,16 @@ def _taking_turns(steps: Iterator[list[int]], lock: threading.Lock) -> Iterator[
     """The steps of a request whose drafter shares a backend with every other request: one such at a time."""
     with lock:
         yield from steps
+
+
+def _direct_decode(tokenizer) -> Callable[[list[int]], str]:
+    """The tokenizer's decode with special tokens skipped. A fast tokenizer that cleans up no spaces decodes in its
+    Rust tokenizer directly: the same text without transformers' Python around it, which every streamed step
+    (``text.OutputText``) paid right after a forward had pushed it out of the caches."""
+    rust = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(rust, tokenizers.Tokenizer) and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+        return functools.partial(rust.decode, skip_special_tokens=True)
+    return functools.partial(tokenizer.decode, skip_special_tokens=True)
 
 
 def _eos_ids(tokenizer, model_dir: Path) -> frozenset[int]:

@@ -192,7 +192,7 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, 
     parents = proposal.parents
     ids = [root] + list(proposal.tokens)
     if parents is None:
-        positions = list(range(cache_len, cache_len + 1 + n))
+        positions: Sequence[int] = range(cache_len, cache_len + 1 + n)
         mask = None
     else:
         positions = [cache_len] + [cache_len + d for d in tree_depths(parents)]
@@ -200,14 +200,15 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, 
     extras = proposal.extra_tokens or []
     if extras:
         ids += list(extras)
-        positions += list(proposal.extra_positions)
+        positions = list(positions) + list(proposal.extra_positions)
         base = mask if mask is not None else causal_mask(cache_len, 1 + n)
         extra_rows = torch.ones(len(extras), cache_len + len(ids), dtype=torch.bool)  # [E, C + 1 + N + E]
         extra_rows[:, cache_len:] = proposal.extra_mask
         mask = torch.cat([torch.cat([base, torch.zeros(1 + n, len(extras), dtype=torch.bool)], dim=1), extra_rows])
-    out = backend.forward(
-        torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), mask, **hidden.arguments
-    )
+    # a chain's positions are a range: arange builds it without a Python list to read
+    position_ids = torch.arange(positions.start, positions.stop) if isinstance(positions, range) else \
+        torch.tensor(positions, dtype=torch.long)
+    out = backend.forward(torch.tensor(ids, dtype=torch.long), position_ids, mask, **hidden.arguments)
     logits = out.logits[: 1 + n]  # [1+N, V]
     if allowed is not None:  # structured output: verify against the grammar's share of the distribution
         logits = logits.masked_fill(~allowed, float("-inf"))

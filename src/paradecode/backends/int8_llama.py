@@ -332,13 +332,16 @@ class Int8LlamaBackend(LlamaBackend):
         # logical slots are physical ones here: the pages are in order
         self._native.move_slots(kept, torch.arange(start, start + len(kept)))
 
-    @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 *, return_hidden: bool = False, exit_layer: int | None = None, layers: Sequence[int] | None = None,
                 logits: bool = True, aux_layers: Sequence[int] = ()) -> ForwardOutput:
+        # The native pass records nothing for autograd (it runs under its own no-grad guard), so only the torch
+        # pass enters inference mode: torch's mode switch was a few Python calls a step, paid right after the
+        # last forward had pushed them out of the caches.
         if self._native is None:
-            return super().forward(token_ids, positions, mask, return_hidden=return_hidden, exit_layer=exit_layer,
-                                   layers=layers, logits=logits, aux_layers=aux_layers)
+            with torch.inference_mode():
+                return super().forward(token_ids, positions, mask, return_hidden=return_hidden,
+                                       exit_layer=exit_layer, layers=layers, logits=logits, aux_layers=aux_layers)
         t, start = token_ids.shape[0], self._len
         indices = self._check_pass(t, mask, exit_layer, layers, aux_layers)
         if positions is None:

@@ -64,11 +64,11 @@ where n_a is the arm's measured steps and peeks over its lifetime, kept across r
 ``layerskip``) is tried again less and less often. An arm that is peeked at gets no bonus: its peeks measure it on
 the text already, and a step given to it to explore is a step of drafting where the estimates say nothing pays
 (not timed apart from the change to ``quiet_doublings`` it came with). Under sampling, where nothing is peeked
-at, every arm has its bonus. The bookkeeping is a few float operations a step. The discount's memory (1 / (1 - decay) steps, ~200 by default: a few
-requests, since the estimates carry over) is long because one step's time is noisy (a step's tokens vary
-2x, a shared CPU stalls) while the arms' true rates differ by a few tens of per cent: with 0.98 (~50 steps)
-the estimates jittered past each other and ``auto`` spread its steps over arms up to 20% slower (Spec-Bench,
-26 questions: 0.91x of ``ngram`` against 0.94x with 0.995).
+at, every arm has its bonus. The bookkeeping is a few float operations a step. The discount's memory
+(1 / (1 - decay) steps, ~200 by default: a few requests, since the estimates carry over) is long because one
+step's time is noisy (a step's tokens vary 2x, a shared CPU stalls) while the arms' true rates differ by a few
+tens of per cent: with 0.98 (~50 steps) the estimates jittered past each other and ``auto`` spread its steps over
+arms up to 20% slower (Spec-Bench, 26 questions: 0.91x of ``ngram`` against 0.94x with 0.995).
 The warm-up is the larger cost on short requests (one step of each arm that cannot be peeked at).
 Plain decoding wins ties: a drafting arm is chosen only when its rate beats ``ar``'s by ``margin`` (3%), so
 where no drafter pays, noise in the estimates does not keep ``auto`` drafting at a loss; likewise an arm that

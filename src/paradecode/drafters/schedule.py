@@ -179,7 +179,6 @@ class CostCurve:
         self._shape_at: dict[float, float] = {}  # shape_at's answers (the shape never changes)
         self._predicted: list[float] = []  # predictions' last answer, until the next add
         self._horizon = 1  # the most T predictions was asked for
-        self._shape_list: list[float] = []  # shape_at(1), shape_at(2), ...
 
     @property
     def empty(self) -> bool:
@@ -205,12 +204,8 @@ class CostCurve:
             return self._predicted[:upto]
         asked, upto = upto, max(upto, self._horizon)
         self._horizon = upto
-        if self.shape:
-            base = self._shape_base()
-            predicted = [base * s for s in self._shape_upto(upto)]
-        else:
-            base, slope = self.line()
-            predicted = [base + slope * (t - 1) for t in range(1, upto + 1)]
+        prior = self._prior()
+        predicted = [prior(t) for t in range(1, upto + 1)]
         # a T never seen keeps the prior: (0 * line + w * line) / w is line to the bit
         for tokens in self.mean:
             if tokens <= upto:
@@ -223,12 +218,16 @@ class CostCurve:
         by it every step)."""
         if len(self._predicted) >= tokens:
             return self._predicted[tokens - 1]
-        if self.shape:
-            prior = self._shape_base() * self.shape_at(tokens)
-        else:
-            base, slope = self.line()
-            prior = base + slope * (tokens - 1)
+        prior = self._prior()(tokens)
         return self._blend(tokens, prior) if tokens in self.mean else prior
+
+    def _prior(self) -> Callable[[int], float]:
+        """The prior's time for T: the measured shape scaled to this curve's means, else the fitted line."""
+        if self.shape:
+            base = self._shape_base()
+            return lambda tokens: base * self.shape_at(tokens)
+        base, slope = self.line()
+        return lambda tokens: base + slope * (tokens - 1)
 
     def _shape_base(self) -> float:
         """The scale of the measured shape that fits this curve's means best (weighted least squares)."""
@@ -243,12 +242,6 @@ class CostCurve:
         """A seen T's mean blended with the prior by their weights."""
         n = min(self.count[tokens], self.MAX_WEIGHT)
         return (n * self.mean[tokens] + self.PRIOR_WEIGHT * prior) / (n + self.PRIOR_WEIGHT)
-
-    def _shape_upto(self, upto: int) -> list[float]:
-        """shape_at(T) for T = 1 .. upto (the shape never changes: kept)."""
-        if len(self._shape_list) < upto:
-            self._shape_list = [self.shape_at(t) for t in range(1, upto + 1)]
-        return self._shape_list[:upto] if len(self._shape_list) > upto else self._shape_list
 
     def shape_at(self, tokens: float) -> float:
         """The measured relative cost at T, linear between measured sizes and along the last segment beyond."""

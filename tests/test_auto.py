@@ -600,8 +600,8 @@ def test_concurrent_requests_of_one_process_keep_the_file_without_a_warning(tmp_
 
 def test_peek_rounds_that_find_nothing_to_accept_stretch_the_period_until_one_does(monkeypatch):
     """With ``quiet_doublings`` (1 by default), each round of peeks that would have had nothing accepted doubles
-    the period (up to 2^quiet_doublings x), while plain decoding runs; a peek with an accepted token, or a step of
-    a drafting arm, sets it back."""
+    the period (up to 2^quiet_doublings x), while plain decoding runs (a drafting arm that drafts nothing included); a
+    peek with an accepted token, or a step that drafted, sets it back."""
     assert auto_module.AutoOptions().quiet_doublings == 1  # one doubling by default (see the module's docstring)
     drafter = started({"candidates": "ar,pld,ngram", "quiet_doublings": 3}, {})
     for name in ("pld", "ngram"):  # what the arms learn from a peek is not under test here
@@ -626,7 +626,30 @@ def test_peek_rounds_that_find_nothing_to_accept_stretch_the_period_until_one_do
     assert drafter._probe_period(state) == base
     round_scored(False)
     assert drafter._probe_period(state) == 2 * base
-    drafter.current = "pld"  # a drafting arm's step
+    drafter.current = "pld"  # a drafting arm's step that drafted nothing (no match): plain decoding all the same
     drafter.step_start = drafter.draft_seconds = 0.0
+    drafter.rows = 1
+    drafter.observe(state, Verdict(accepted=[], accepted_tokens=[], next_token=5, bonus=False, committed_tokens=[5]))
+    assert drafter._probe_period(state) == 2 * base
+    drafter.rows = 3  # a step that drafted two tokens
     drafter.observe(state, Verdict(accepted=[], accepted_tokens=[], next_token=5, bonus=False, committed_tokens=[5]))
     assert drafter._probe_period(state) == base
+
+
+def test_every_step_counts_once_in_the_shared_step_curve(monkeypatch):
+    """``auto`` adds each step to the curve its arms' cost schedules share (``DecodeState.step_cost``); a schedule
+    that also added its own steps counted a step twice, and its first step after other arms' steps as long as all
+    of them."""
+    from paradecode.drafters.schedule import CostCurve
+
+    added = []
+    original = CostCurve.add
+    monkeypatch.setattr(CostCurve, "add", lambda self, tokens, seconds: (added.append(self), original(self, tokens,
+                                                                                                  seconds))[1])
+    backend = tiny_backend(0, sharp=4.0)
+    _, stats = run(backend, "auto", PROMPTS[2], max_new_tokens=60, candidates="ar,pld,ngram")
+    drafting = [s for s in stats.steps if s.info["auto"] in ("pld", "ngram")]
+    assert drafting and len(drafting) < stats.forward_passes  # the drafting arms' schedules ran, between other arms
+    assert len(added) == stats.forward_passes and len({id(curve) for curve in added}) == 1
+    _, stats = run(backend, "pld", PROMPTS[0], max_new_tokens=40)  # alone, a schedule still fits its own curve
+    assert len(added) > 40

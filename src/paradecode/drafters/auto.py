@@ -35,11 +35,12 @@ share their passes (and the kept estimates) take turns: each peeks every ``probe
 forward, whose weight stream has pushed every Python object out of the caches: on the Intel Xeon (SmolLM2-135M
 q4, 4.2 ms steps, 2026-12-05) a step that peeked took ~300 us more than one of ``ar``, any other ~100 us more.
 So with ``quiet_doublings`` = k > 0 (1 by default) each round of peeks that would all have had nothing accepted,
-while plain decoding runs, doubles the period, up to 2^k x, and a peek with an accepted token, or a step of a
-drafting arm, sets it back. Measured there on the prompt where no drafter pays (16 rounds of one request of each
-variant in one process, median of the per-round ratios to ``ar``): k = 0 0.967x, k = 1 0.992x, no peeks at all
-1.011x; on the 65 Spec-Bench questions in one paired run k = 1 gave 215.7 tok/s against 215.3 for k = 0 (``ngram``
-223.3). k = 3 took the no-drafter prompt to 0.984x ``ar`` (``benchmarks/auto_start.py --rounds 3``) but, in a paired
+while plain decoding runs (a drafting arm's step that drafted nothing is plain decoding too), doubles the period,
+up to 2^k x, and a peek with an accepted token, or a step that drafted, sets it back. Measured there on the
+prompt where no drafter pays (16 rounds of one request of each variant in one process, median of the per-round
+ratios to ``ar``): k = 0 0.967x, k = 1 0.992x, no peeks at all 1.011x; on the 65 Spec-Bench questions in one
+paired run k = 1 gave 215.7 tok/s against 215.3 for k = 0 (``ngram`` 223.3). k = 3 took the no-drafter prompt to
+0.984x ``ar`` (``benchmarks/auto_start.py --rounds 3``) but, in a paired
 65-question run, cost 1.3% overall and noticed copying phases late (math_reasoning 0.89x the best fixed method in
 both runs with it, 0.93x without). With
 ``laggard`` > 0 an arm under ``laggard`` times
@@ -322,6 +323,7 @@ class AutoDrafter(Drafter):
                        for arm in (self.arms[name] for name in self.active)]
         # whether an active arm gets the exploration bonus: not one that peeks measure
         self.explored = [not (self.probing and self.arms[name].peekable) for name in self.active]
+        self.exploring = any(self.explored)
         self.peeks: list[_Peek] = []
         self.steps_taken = self.peek_rounds = 0
         self.quiet = 0  # peeks scored in a row that would have had nothing accepted, while plain decoding ran
@@ -398,8 +400,8 @@ class AutoDrafter(Drafter):
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         chosen = self.arms[self.current]
         chosen.drafter.observe(state, verdict)
-        if chosen.drafter.drafts:
-            self.quiet = 0  # a drafting arm runs: the others are peeked at as often as ever, to compare
+        if self.rows > 1:
+            self.quiet = 0  # a step drafted: the others are peeked at as often as ever, to compare
         seconds = time.perf_counter() - self.step_start
         tokens = len(verdict.committed_tokens)
         gamma = self.options.decay
@@ -442,12 +444,15 @@ class AutoDrafter(Drafter):
         # shrinks with the arm's lifetime count (peeks included).
         estimates = [self.arms[name].estimate for name in self.active]
         rates = [e.rate * f for e, f in zip(estimates, self.favour)]
+        best = rates.index(max(rates))  # the first of equals, as max(key=) gives
+        if not self.exploring:  # no bonus for any arm: the best rate
+            return self.active[best], "best"
         counts = [e.steps for e in estimates]
         log_total = math.log(max(sum(counts), 1))
         c = self.options.exploration
         ucbs = [r * (1.0 + c * math.sqrt(log_total / max(n, 1))) if explore else r
                 for r, n, explore in zip(rates, counts, self.explored)]
-        best, pick = rates.index(max(rates)), ucbs.index(max(ucbs))  # the first of equals, as max(key=) gives
+        pick = ucbs.index(max(ucbs))
         return self.active[pick], "best" if pick == best else "explore"
 
     def summary(self) -> dict:

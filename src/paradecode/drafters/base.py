@@ -54,7 +54,8 @@ class DecodeState:
     # asked for it (``Drafter.wants_cost_curve``); the ``cost`` draft schedule starts from it.
     cost_curve: dict[int, float] | None = None
     # The request's step time by tokens scored, fitted online (``drafters.schedule.CostCurve``), where a drafter
-    # that runs others (``auto``) shares one fit between them; None: each cost schedule fits its own.
+    # that runs others (``auto``) shares one fit between them and adds every step to it itself (the cost schedules
+    # read it, and add nothing); None: each cost schedule fits its own.
     step_cost: Any = None
     # What drafters keep across requests on the loaded model, per (method, options) (``Model.method_state``);
     # None: nothing outlives the request.

@@ -290,6 +290,10 @@ class CostSchedule(DraftSchedule):
         self.load = load  # what the requests sharing this one's passes put into each (None: it runs alone)
         self.profile = AcceptanceProfile(max_num_draft)
         self.curve = curve if curve is not None else CostCurve(shape)  # shared where DecodeState.step_cost is
+        # a shared curve is fitted by its owner (``auto`` times every step, whichever arm ran it): a schedule that
+        # added its own steps as well counted each twice, and its first step after other arms' steps as long as
+        # all of them (clipped at 3x the mean)
+        self.times_steps = curve is None
         self.draft_seconds: float | None = None  # running mean time per drafted token
         self.idle_steps = 0  # steps in a row that drafted nothing by choice
         self.probe_after = FIRST_PROBE  # idle steps before the next probe
@@ -365,9 +369,9 @@ class CostSchedule(DraftSchedule):
 
     def _start_step(self) -> None:
         now = time.perf_counter()
-        if self._verify_start is not None:
+        if self._verify_start is not None and self.times_steps:
             self.curve.add(1 + self.drafted, now - self._verify_start)
-            self._verify_start = None
+        self._verify_start = None
         self._propose_start = now
 
     def proposed(self, drafted: int) -> None:

@@ -280,3 +280,56 @@ def test_a_q4_pass_gives_the_same_bits_on_one_thread_or_several():
     backend = Q4LlamaBackend(LlamaBackend.from_hf(model).shape, model.state_dict(), layers=q4_layers(model),
                              int8_state=int8)
     assert_same_bits_on_any_thread_count(backend, [tokens(rows, rows) for rows in (1, 6, 70)])
+
+
+def write_q4_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 2, kv_heads: int = 1, inter: int = 64):
+    """A Llama GGUF file of ``layers`` layers of Q4_1 projections (random weights; no metadata beyond the
+    architecture)."""
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(0)
+    hd = hidden // heads
+    shapes = dict(attn_q=(heads * hd, hidden), attn_k=(kv_heads * hd, hidden), attn_v=(kv_heads * hd, hidden),
+                  attn_output=(hidden, heads * hd), ffn_gate=(inter, hidden), ffn_up=(inter, hidden),
+                  ffn_down=(hidden, inter))
+    writer = GGUFWriter(str(path), "llama")
+    for i in range(layers):
+        for name, shape in shapes.items():
+            raw = quants.quantize(rng.standard_normal(shape).astype(np.float32), GGMLQuantizationType.Q4_1)
+            writer.add_tensor(f"blk.{i}.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_packed_layers_are_kept_after_the_first_read_and_read_again_when_the_kept_copy_is_damaged(tmp_path,
+                                                                                              monkeypatch):
+    """``load_layers`` packs the file's layers once and keeps them in the cache: later loads read the kept copy (the
+    gguf reader parses every metadata field, seconds on a real model) and get the same bytes; a damaged copy is read
+    from the file again with a warning and replaced; a changed file is a new copy."""
+    path, cache = tmp_path / "m.gguf", tmp_path / "cache"
+    write_q4_gguf(path)
+    first = q4.load_layers(path, 2, 2, 1, cache)
+    fresh = [{name: q4.Q4Linear.from_blocks(blocks) for name, blocks in layer.items()}
+             for layer in q4.read_layers(path, 2, 2, 1)]
+    (kept,) = (cache / "q4").iterdir()
+
+    def same(a, b):
+        return all(torch.equal(a[i][n].packed, b[i][n].packed) and (a[i][n].n, a[i][n].k) == (b[i][n].n, b[i][n].k)
+                   for i in range(2) for n in ("qkv", "o", "gate_up", "down"))
+
+    assert same(first, fresh)
+    read = q4.iter_layers
+    monkeypatch.setattr(q4, "iter_layers", lambda *a: pytest.fail("the kept copy was not used"))
+    assert same(q4.load_layers(path, 2, 2, 1, cache), fresh)
+    kept.write_bytes(kept.read_bytes()[:100])  # truncated
+    monkeypatch.setattr(q4, "iter_layers", read)
+    with pytest.warns(UserWarning, match="could not be read"):
+        assert same(q4.load_layers(path, 2, 2, 1, cache), fresh)
+    monkeypatch.setattr(q4, "iter_layers", lambda *a: pytest.fail("the replaced copy was not used"))
+    assert same(q4.load_layers(path, 2, 2, 1, cache), fresh)
+    monkeypatch.setattr(q4, "iter_layers", read)
+    write_q4_gguf(path, layers=3)  # another file at the same path
+    assert len(q4.load_layers(path, 3, 2, 1, cache)) == 3 and len(list((cache / "q4").iterdir())) == 2
+    assert q4.load_layers(path, 3, 2, 1, None)  # no cache: read, nothing kept

@@ -123,6 +123,21 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return root
 
 
+def keep_tensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Save ``tensors`` (safetensors) at ``path`` in the cache, whole or not at all: written beside it, then moved
+    in place, so a reader in another process never sees half a file. A cache that cannot be written keeps
+    nothing: the next load only redoes the work."""
+    from safetensors.torch import save_file
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".{os.getpid()}.tmp")
+        save_file(tensors, staging, metadata=metadata)
+        staging.replace(path)
+    except OSError:
+        pass
+
+
 def locate(model: str) -> str:
     """What ``model`` names: "builtin", "gguf" (a .gguf file) or "dir" (a Hugging Face model folder); anything
     else is a ParadecodeError. Nothing is loaded or converted."""

@@ -150,13 +150,17 @@ class Int8LlamaBackend(LlamaBackend):
         return {key: value.contiguous() for key, value in state.items()}
 
     def _import_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._norm, self._hidden_scale = state["norm"], state["hidden_scale"]
-        self._lm_head = Int8Linear(state["head.weight"], state["head.step"], None, precise=True)
+        self._import_head(state)
         for i, layer in enumerate(self._layers):
             layer.attn_norm, layer.mlp_norm = state[f"{i}.attn_norm"], state[f"{i}.mlp_norm"]
             for name in PROJECTIONS:
                 setattr(layer, name, Int8Linear(state[f"{i}.{name}.weight"], state[f"{i}.{name}.step"],
                                                 state.get(f"{i}.{name}.bias"), precise=name in PRECISE))
+
+    def _import_head(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The LM head of ``export_state``'s state, with the final norm and hidden scale its smoothing changed."""
+        self._norm, self._hidden_scale = state["norm"], state["hidden_scale"]
+        self._lm_head = Int8Linear(state["head.weight"], state["head.step"], None, precise=True)
 
     # -- the native pass ---------------------------------------------------------------------------------
     def _build_native(self):
@@ -372,7 +376,9 @@ def int8_state(model_dir: Path, calibration: Sequence[Sequence[int]], cache: Pat
     """The int8 quantization of a Llama-family checkpoint folder (``Int8LlamaBackend.export_state``), kept in
     ``cache`` after the first load (calibration and the weight clipping search take ~20 s per 100M parameters,
     reading them back well under a second)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+
+    from paradecode.models import keep_tensors
 
     weights = model_dir / "model.safetensors"
     key = hashlib.sha256(json.dumps([str(weights.resolve()), weights.stat().st_size, weights.stat().st_mtime_ns,
@@ -385,13 +391,7 @@ def int8_state(model_dir: Path, calibration: Sequence[Sequence[int]], cache: Pat
           file=sys.stderr, flush=True)
     longest = max((len(ids) for ids in calibration), default=1)  # the calibration pass's cache, no longer
     state = Int8LlamaBackend.from_pretrained(model_dir, longest, calibration=calibration, native=False).export_state()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".{os.getpid()}.tmp")
-        save_file(state, staging)
-        staging.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the next load the same quantization
+    keep_tensors(state, path)  # a read-only cache only costs the next load the same quantization
     return state
 
 

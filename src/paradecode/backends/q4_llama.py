@@ -8,6 +8,7 @@ embedding stay the int8 backend's. It runs on the native forward only.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -25,10 +26,10 @@ class Q4LlamaBackend(Int8LlamaBackend):
     DTYPE = "q4"
 
     def __init__(self, shape, state: Mapping[str, torch.Tensor], max_length: int | None = None, *,
-                 layers: Sequence[Mapping[str, q4.Blocks]], int8_state: Mapping[str, torch.Tensor],
+                 layers: Sequence[Mapping[str, q4.Blocks | q4.Q4Linear]], int8_state: Mapping[str, torch.Tensor],
                  kernel_cache: Path | None = None) -> None:
-        """``state``: the fp32 checkpoint; ``layers``: each layer's blocks (``q4.read_layers``); ``int8_state``:
-        the int8 backend's quantized state, for the LM head."""
+        """``state``: the fp32 checkpoint; ``layers``: each layer's blocks (``q4.read_layers``), or their packed
+        projections (``q4.load_layers``); ``int8_state``: the int8 backend's quantized state, for the LM head."""
         self._q4_layers = layers
         super().__init__(shape, state, max_length, int8_state=int8_state, kernel_cache=kernel_cache)
         if self._native is None:
@@ -36,16 +37,17 @@ class Q4LlamaBackend(Int8LlamaBackend):
                                   "--dtype int8.")
 
     def _import_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """The int8 head, final norm and hidden scale; the checkpoint's own norms and 4-bit projections."""
-        own = [(layer.attn_norm, layer.mlp_norm, {name: getattr(layer, name).bias for name in PROJECTIONS})
-               for layer in self._layers]
-        super()._import_state(state)
+        """The int8 head, final norm and hidden scale; the checkpoint's own norms and 4-bit projections (the int8
+        state's layers are not used)."""
+        self._import_head(state)
         if len(self._q4_layers) != len(self._layers):
             raise ParadecodeError(f"the GGUF file has {len(self._q4_layers)} layers, the model {len(self._layers)}.")
-        for layer, (attn_norm, mlp_norm, biases), blocks in zip(self._layers, own, self._q4_layers):
-            layer.attn_norm, layer.mlp_norm = attn_norm, mlp_norm
+        for layer, blocks in zip(self._layers, self._q4_layers):
+            biases = {name: getattr(layer, name).bias for name in PROJECTIONS}
             for name in PROJECTIONS:
-                setattr(layer, name, q4.Q4Linear.from_blocks(blocks[name], biases[name]))
+                given, bias = blocks[name], biases[name]
+                packed = given if isinstance(given, q4.Q4Linear) else q4.Q4Linear.from_blocks(given)
+                setattr(layer, name, dataclasses.replace(packed, bias=None if bias is None else bias.float()))
         self._q4_layers = ()  # packed now
         linears = [getattr(layer, name) for layer in self._layers for name in PROJECTIONS]
         for linear, packed in zip(linears, hugepages.together([linear.packed for linear in linears])):
@@ -69,6 +71,6 @@ def load_q4(model_dir: Path, max_length: int | None, calibration: Sequence[Seque
 
     source = q4.gguf_source(model_dir)
     shape = LlamaShape.from_config(json.loads((model_dir / "config.json").read_text()))
-    layers = q4.read_layers(source, shape.num_layers, shape.num_heads, shape.num_kv_heads)
+    layers = q4.load_layers(source, shape.num_layers, shape.num_heads, shape.num_kv_heads, cache)
     return Q4LlamaBackend(shape, load_file(model_dir / "model.safetensors"), max_length, layers=layers,
                           int8_state=int8_state(model_dir, calibration, cache), kernel_cache=cache / "kernels")

@@ -653,3 +653,46 @@ def test_every_step_counts_once_in_the_shared_step_curve(monkeypatch):
     assert len(added) == stats.forward_passes and len({id(curve) for curve in added}) == 1
     _, stats = run(backend, "pld", PROMPTS[0], max_new_tokens=40)  # alone, a schedule still fits its own curve
     assert len(added) > 40
+
+
+def test_auto_under_sampling_draws_from_the_targets_distribution(monkeypatch):
+    """The chi-squared test: the first two tokens of many seeded requests, the first drafted by ``pld`` (the
+    prompt ends with a bigram seen before) and verified by speculative sampling, follow the target's exact joint
+    p(a, b); a verifier that resamples from p after a rejection, not from the residual, fails it."""
+    from scipy.stats import chisquare
+
+    import paradecode.engine
+    from paradecode.verify.base import Verdict as Verdict_
+    from paradecode.verify.sampling import sample, uniform
+    from tiny import two_token_joint
+
+    vocab, prompt = 8, [1, 5, 2, 1, 5]
+    backend = tiny_backend(2, vocab=vocab, sharp=3.0)
+    expected = two_token_joint(backend, prompt, vocab).flatten()
+
+    def pvalue(draws: int) -> float:
+        counts = torch.zeros(vocab * vocab)
+        drafted = 0
+        for seed in range(draws):
+            out, stats = run(backend, "auto", prompt, max_new_tokens=2, temperature=1.0, seed=seed,
+                             candidates="pld,ngram,ar")
+            drafted += bool(stats.steps[0].drafted)
+            counts[out[0] * vocab + out[1]] += 1
+        assert drafted == draws  # every first token was drawn against pld's draft
+        keep = expected * draws >= 5  # enough expected counts per cell; the rest pooled into one
+        obs, exp = counts[keep], expected[keep] * draws
+        if not keep.all():
+            obs = torch.cat([obs, counts[~keep].sum()[None]])
+            exp = torch.cat([exp, expected[~keep].sum()[None] * draws])
+        return float(chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue)
+
+    assert pvalue(2000) > 1e-3
+
+    def resample_from_p(drafts, parents, q, p, rng):  # pld's drafts are deterministic: q is one-hot (None)
+        for i, token in enumerate(drafts):
+            if uniform(rng) >= float(p[i][token]):
+                return Verdict_(list(range(i)), list(drafts[:i]), sample(p[i], rng), bonus=False)
+        return Verdict_(list(range(len(drafts))), list(drafts), sample(p[len(drafts)], rng), bonus=True)
+
+    monkeypatch.setattr(paradecode.engine, "verify_speculative", resample_from_p)
+    assert pvalue(1000) < 1e-3  # the test can fail

@@ -214,6 +214,14 @@ def test_sequences_sharing_a_pass_get_exactly_their_own_rows():
     both = native.forward(torch.cat((a[80:], b[70:])), torch.cat((torch.arange(80, 100), torch.arange(70, 90))),
                           [(pages_a, 80, 20, None), (pages_b, 70, 20, mask_b)], list(range(3)), True)[1]
     assert torch.equal(both[:20], alone_a) and torch.equal(both[20:], alone_b)
+    # positions None: each row at its logical slot, in every segment (the engine's chains pass no positions)
+    native.forward(a[:80], None, [(pages_a, 0, 80, None)], list(range(3)), False)
+    native.forward(b[:70], None, [(pages_b, 0, 70, None)], list(range(3)), False)
+    assert torch.equal(native.forward(torch.cat((a[80:], b[70:])), None,
+                                      [(pages_a, 80, 20, None), (pages_b, 70, 20, mask_b)], list(range(3)), True)[1],
+                       both)
+    with pytest.raises(RuntimeError, match="positions must be"):
+        native.forward(a[:4], torch.arange(3), [(pages_a, 0, 4, None)], list(range(3)), True)
 
 
 def test_stage_clock_times_each_stage_per_pass_size():

@@ -348,8 +348,6 @@ class Int8LlamaBackend(LlamaBackend):
                                        exit_layer=exit_layer, layers=layers, logits=logits, aux_layers=aux_layers)
         t, start = token_ids.shape[0], self._len
         indices = self._check_pass(t, mask, exit_layer, layers, aux_layers)
-        if positions is None:
-            positions = torch.arange(start, start + t)
         hidden, scores, aux = self._native.forward(token_ids, positions, [(self._pages, start, t, mask)], indices,
                                                    logits, list(aux_layers))
         self._len = start + t

@@ -146,21 +146,32 @@ class Int8Forward {
     return out;
   }
 
-  // ids [T] int64 and positions [T] int64 (RoPE); segments: (page table int32 [pages], start, count, mask
-  // [count, start + count] bool or None) whose counts add up to T, rows in segment order; layers: indices to
-  // run; capture: layer indices (ascending, among those run) whose input, the residual stream entering the
-  // layer, is copied out (EAGLE-3's features). Returns (final-normed hidden [T, D], logits [T, V] or undefined,
+  // ids [T] int64 and positions [T] int64 (RoPE), or None: each row at its logical slot (a chain or prompt that
+  // follows its sequence's cache; a torch call less a step for the caller); segments: (page table int32 [pages],
+  // start, count, mask [count, start + count] bool or None) whose counts add up to T, rows in segment order;
+  // layers: indices to run; capture: layer indices (ascending, among those run) whose input, the residual stream
+  // entering the layer, is copied out (EAGLE-3's features). Returns (final-normed hidden [T, D], logits [T, V] or undefined,
   // captured [T, capture.size() * D] or undefined).
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids, const at::Tensor& positions,
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids,
+                                                         const std::optional<at::Tensor>& positions,
                                                          const py::list& segment_list,
                                                          const std::vector<int64_t>& layers, bool want_logits,
                                                          const std::vector<int64_t>& capture, bool hold_gil) {
     at::NoGradGuard no_grad;
     const int64_t t = ids.size(0), d = embed_.size(1);
-    TORCH_CHECK(positions.numel() == t && positions.scalar_type() == at::kLong, "positions must be [T] int64");
+    TORCH_CHECK(!positions || (positions->numel() == t && positions->scalar_type() == at::kLong),
+                "positions must be [T] int64 or None");
     std::vector<at::Tensor> keep_alive;
     std::vector<Segment> segments = parse_segments(segment_list, t, keep_alive);
-    const at::Tensor pos = positions.contiguous();
+    at::Tensor pos;
+    if (positions) {
+      pos = positions->contiguous();
+    } else {
+      pos = at::empty({t}, at::kLong);
+      int64_t* at_slot = pos.data_ptr<int64_t>();
+      for (const Segment& segment : segments)
+        for (int64_t i = 0; i < segment.count; ++i) at_slot[segment.first_row + i] = segment.start + i;
+    }
     const int64_t* pp = pos.data_ptr<int64_t>();
     for (int64_t r = 0; r < t; ++r)
       TORCH_CHECK(pp[r] >= 0 && pp[r] < cos_.size(0), "position ", pp[r], " is outside the RoPE table");

@@ -150,8 +150,8 @@ class Int8Forward {
   // follows its sequence's cache; a torch call less a step for the caller); segments: (page table int32 [pages],
   // start, count, mask [count, start + count] bool or None) whose counts add up to T, rows in segment order;
   // layers: indices to run; capture: layer indices (ascending, among those run) whose input, the residual stream
-  // entering the layer, is copied out (EAGLE-3's features). Returns (final-normed hidden [T, D], logits [T, V] or undefined,
-  // captured [T, capture.size() * D] or undefined).
+  // entering the layer, is copied out (EAGLE-3's features). Returns (final-normed hidden [T, D], logits [T, V] or
+  // undefined, captured [T, capture.size() * D] or undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids,
                                                          const std::optional<at::Tensor>& positions,
                                                          const py::list& segment_list,

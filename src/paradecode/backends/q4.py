@@ -10,6 +10,7 @@ shipped SmolLM2 file) stays the int8 backend's.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -102,12 +103,20 @@ class Q4Linear:
     packed: torch.Tensor  # uint8, gemm_q4.h's layout
     n: int
     k: int
-    bias: torch.Tensor | None = None
+    bias: torch.Tensor | None = None  # [n], float32 whatever it is given in
+
+    def __post_init__(self) -> None:
+        if self.bias is not None:
+            self.bias = self.bias.float()
 
     @classmethod
     def from_blocks(cls, blocks: Blocks, bias: torch.Tensor | None = None) -> Q4Linear:
         n, k = blocks.shape
-        return cls(pack(blocks), n, k, None if bias is None else bias.float())
+        return cls(pack(blocks), n, k, bias)
+
+    def with_bias(self, bias: torch.Tensor | None) -> Q4Linear:
+        """The same packed weight with ``bias``."""
+        return dataclasses.replace(self, bias=bias)
 
     @property
     def nbytes(self) -> int:

@@ -8,7 +8,6 @@ embedding stay the int8 backend's. It runs on the native forward only.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -43,11 +42,10 @@ class Q4LlamaBackend(Int8LlamaBackend):
         if len(self._q4_layers) != len(self._layers):
             raise ParadecodeError(f"the GGUF file has {len(self._q4_layers)} layers, the model {len(self._layers)}.")
         for layer, blocks in zip(self._layers, self._q4_layers):
-            biases = {name: getattr(layer, name).bias for name in PROJECTIONS}
             for name in PROJECTIONS:
-                given, bias = blocks[name], biases[name]
+                given, bias = blocks[name], getattr(layer, name).bias  # the checkpoint's own bias, if any
                 packed = given if isinstance(given, q4.Q4Linear) else q4.Q4Linear.from_blocks(given)
-                setattr(layer, name, dataclasses.replace(packed, bias=None if bias is None else bias.float()))
+                setattr(layer, name, packed.with_bias(bias))
         self._q4_layers = ()  # packed now
         linears = [getattr(layer, name) for layer in self._layers for name in PROJECTIONS]
         for linear, packed in zip(linears, hugepages.together([linear.packed for linear in linears])):

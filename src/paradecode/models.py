@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -123,19 +124,24 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return root
 
 
-def keep_tensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Save ``tensors`` (safetensors) at ``path`` in the cache, whole or not at all: written beside it, then moved
-    in place, so a reader in another process never sees half a file. A cache that cannot be written keeps
-    nothing: the next load only redoes the work."""
-    from safetensors.torch import save_file
-
+def keep_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """Put a file in the cache at ``path``, whole or not at all: ``write`` writes it beside it (a name of this
+    process and thread's), then it is moved in place, so a reader never sees half a file. A cache that cannot be
+    written keeps nothing: the next load only redoes the work."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".{os.getpid()}.tmp")
-        save_file(tensors, staging, metadata=metadata)
+        staging = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        write(staging)
         staging.replace(path)
     except OSError:
         pass
+
+
+def keep_tensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """``keep_whole`` for tensors, as safetensors (with ``metadata``)."""
+    from safetensors.torch import save_file
+
+    keep_whole(path, lambda staging: save_file(tensors, staging, metadata=metadata))
 
 
 def locate(model: str) -> str:

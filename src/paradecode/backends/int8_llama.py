@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -259,6 +258,7 @@ class Int8LlamaBackend(LlamaBackend):
         identical; the speed depends on the machine). The kernels take turns, so drift in the machine's speed
         falls on all of them. A choice kept in ``cache`` for this build, machine and model shape is reused."""
         from paradecode.backends import native
+        from paradecode.models import keep_whole
         from paradecode.profile import machine_key
 
         offered = self.available_kernels()
@@ -279,13 +279,8 @@ class Int8LlamaBackend(LlamaBackend):
             self.kernel_timings, steady = self._time_kernels(offered, repeats)
             self.use_kernels({bucket: min(times, key=times.get) for bucket, times in self.kernel_timings.items()})
         if path is not None and steady:  # a choice made while the machine was busy is used now, not kept
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                staging = path.with_suffix(f".{os.getpid()}.tmp")
-                staging.write_text(json.dumps(dict(choice=self.kernel_choice, timings=self.kernel_timings)))
-                staging.replace(path)
-            except OSError:
-                pass  # a read-only cache only costs the next load the same measurement
+            saved = json.dumps(dict(choice=self.kernel_choice, timings=self.kernel_timings))
+            keep_whole(path, lambda staging: staging.write_text(saved))  # read-only: the next load measures again
         return self.kernel_choice
 
     @torch.inference_mode()

@@ -18,6 +18,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -381,10 +382,19 @@ class Int8Forward {
           for (int64_t h0 = 0; h0 < group; h0 += heads_per_unit)
             units_.push_back(Unit{s, g, r0, std::min(segments[s].count, r0 + rows_per_unit), h0,
                                   std::min(group, h0 + heads_per_unit)});
+    // Costliest first (a unit's queries times the slots its last row sees), taken one at a time from a shared
+    // counter: the later rows of a causal pass see more slots, so equal halves of the units in order left one
+    // thread the cheap first rows and the other the dear last ones. Whichever thread runs a unit, its bits are
+    // the same.
+    auto cost = [&](const Unit& u) { return (u.r1 - u.r0) * (u.h1 - u.h0) * (segments[u.segment].start + u.r1); };
+    std::stable_sort(units_.begin(), units_.end(), [&](const Unit& a, const Unit& b) { return cost(a) > cost(b); });
     float* out = attn_.data();
-    at::parallel_for(0, static_cast<int64_t>(units_.size()), 1, [&](int64_t u0, int64_t u1) {
+    const int64_t n = static_cast<int64_t>(units_.size());
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n), 1, [&](int64_t, int64_t) {
       AttentionScratch scratch;
-      for (int64_t u = u0; u < u1; ++u) {
+      for (int64_t u = next.fetch_add(1, std::memory_order_relaxed); u < n;
+           u = next.fetch_add(1, std::memory_order_relaxed)) {
         const Unit& unit = units_[u];
         attend(shape, cache, segments[unit.segment], unit.g, unit.r0, unit.r1, unit.h0, unit.h1, qkv, out, scratch);
       }

@@ -57,7 +57,14 @@ struct AttentionShape {
 };
 
 constexpr int kMaxQueries = 8;   // queries scored together against one key block
-constexpr int kPvQueries = 4;    // queries summed together over one value row (4 x 64 lanes in registers)
+// Queries summed together over one value row: their 4 x 16-lane sums stay in registers, so with AVX-512's 32
+// registers six queries (24 sums, the 4 value vectors and a broadcast) share each value row's loads and half-float
+// conversions; 256-bit code holds a 16-lane value in two registers and takes four.
+#if defined(__AVX512F__)
+constexpr int kPvQueries = 6;
+#else
+constexpr int kPvQueries = 4;
+#endif
 // Prefetch: the scores ask for the key blocks two ahead and the weighted sums for the value row kValuesAhead
 // slots ahead. A key block is 2 KiB (half the 4 KiB page the hardware prefetcher stays within) and a slot's pages
 // may lie anywhere, so the loads stalled: on an Intel Xeon (AMX, 2 threads, SmolLM2-135M q4) the attention stage
@@ -141,7 +148,7 @@ inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* v
   int64_t chunk = 0;
   for (; chunk + 4 * kLanes <= hd; chunk += 4 * kLanes) {
     vf a[NQ][4];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) a[j][l] = load(acc[j] + chunk + l * kLanes);
@@ -153,7 +160,7 @@ inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* v
         __builtin_prefetch(ahead + 64, 0, 3);
       }
       const vf v0 = load(v), v1 = load(v + kLanes), v2 = load(v + 2 * kLanes), v3 = load(v + 3 * kLanes);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < NQ; ++j) {
         const vf s = splat(p[j][i]);
         a[j][0] = mul_add(s, v0, a[j][0]);
@@ -162,7 +169,7 @@ inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* v
         a[j][3] = mul_add(s, v3, a[j][3]);
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) store(acc[j] + chunk + l * kLanes, a[j][l]);
@@ -189,7 +196,13 @@ inline void weigh_queries(const LayerCache& cache, int64_t g, const int64_t* vis
     case 1: return weighted_values<1>(cache, g, visible, from, to, p, acc);
     case 2: return weighted_values<2>(cache, g, visible, from, to, p, acc);
     case 3: return weighted_values<3>(cache, g, visible, from, to, p, acc);
+    case 4: return weighted_values<4>(cache, g, visible, from, to, p, acc);
+#if defined(__AVX512F__)
+    case 5: return weighted_values<5>(cache, g, visible, from, to, p, acc);
+    default: return weighted_values<6>(cache, g, visible, from, to, p, acc);
+#else
     default: return weighted_values<4>(cache, g, visible, from, to, p, acc);
+#endif
   }
 }
 

@@ -70,7 +70,7 @@ def test_auto_reports_its_choices():
     assert sum(c["steps"] for c in candidates.values()) == stats.forward_passes
     assert sum(c["tokens"] for c in candidates.values()) == stats.new_tokens
     for step in stats.steps:
-        assert step.info["auto"] in candidates and step.info["auto_reason"] in ("warmup", "best", "explore")
+        assert step.info["auto"] in candidates and step.info["auto_reason"] in ("warmup", "best", "explore", "fallback")
     warmup = [s.info["auto"] for s in stats.steps if s.info["auto_reason"] == "warmup"]
     peekable = {"ar", "pld", "pld-tree", "ngram"}
     # an arm that cannot be peeked at gets one warm-up step (the default); a peekable one is measured by its
@@ -634,6 +634,34 @@ def test_peek_rounds_that_find_nothing_to_accept_stretch_the_period_until_one_do
     drafter.rows = 3  # a step that drafted two tokens
     drafter.observe(state, Verdict(accepted=[], accepted_tokens=[], next_token=5, bonus=False, committed_tokens=[5]))
     assert drafter._probe_period(state) == base
+
+
+@pytest.mark.parametrize("fallback, ngram_rate, ngram_drafts, expected", [
+    (True, 110.0, [7, 8], ("ngram", [7, 8], "fallback")),
+    (False, 110.0, [7, 8], ("pld", [], "best")),  # the option off: a plain step of the chosen arm
+    (True, 102.0, [7, 8], ("pld", [], "best")),  # ngram not rated above plain decoding by the margin
+    (True, 110.0, [], ("pld", [], "best")),  # no other arm drafts either
+])
+def test_a_chosen_arm_that_drafts_nothing_hands_the_step_to_the_next_arm_that_does(monkeypatch, fallback, ngram_rate,
+                                                                                    ngram_drafts, expected):
+    """pld rated best but finding no match in the text: the step goes to ngram, rated above plain decoding, if its
+    own schedule drafts now; its verdict is ngram's, and the step counts for ngram."""
+    drafter = started({"candidates": "ar,pld,ngram", "exploration": 0.0, "probe_every": 0, "fallback": fallback},
+                      {"ar": rated(100.0), "pld": rated(120.0), "ngram": rated(ngram_rate)})
+    monkeypatch.setattr(drafter.arms["pld"].drafter, "propose", lambda state: Proposal(tokens=[]))
+    monkeypatch.setattr(drafter.arms["ngram"].drafter, "propose", lambda state: Proposal(tokens=list(ngram_drafts)))
+    observed = []
+    for name in ("pld", "ngram"):
+        monkeypatch.setattr(drafter.arms[name].drafter, "observe",
+                            lambda state, verdict, name=name: observed.append(name))
+    state = DecodeState(tokens=[2, 3, 4, 5], prompt_len=3, sampling=SamplingConfig(), rng=torch.Generator(),
+                        max_draft=8)
+    proposal = drafter.propose(state)
+    name, tokens, reason = expected
+    assert (proposal.info["auto"], proposal.tokens, proposal.info["auto_reason"]) == (name, tokens, reason)
+    steps_before = drafter.arms[name].estimate.steps
+    drafter.observe(state, Verdict(accepted=[], accepted_tokens=[], next_token=5, bonus=False, committed_tokens=[5]))
+    assert observed == [name] and drafter.arms[name].steps == 1 and drafter.arms[name].estimate.steps == steps_before + 1
 
 
 def test_every_step_counts_once_in_the_shared_step_curve(monkeypatch):

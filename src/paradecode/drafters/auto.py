@@ -74,6 +74,8 @@ The warm-up is the larger cost on short requests (one step of each arm that cann
 Plain decoding wins ties: a drafting arm is chosen only when its rate beats ``ar``'s by ``margin`` (3%), so
 where no drafter pays, noise in the estimates does not keep ``auto`` drafting at a loss; likewise an arm that
 cannot be peeked at (its estimate rests on fewer, noisier steps) must beat the peekable ones by the margin.
+With ``fallback`` (the default), a chosen drafting arm that finds nothing to draft (``pld`` with no match) hands
+the step to the best other drafting arm rated above plain decoding that drafts now (``_fall_back``).
 
 Candidates: the ``candidates`` option, or every registered method in ``DEFAULT_CANDIDATES`` plus any class
 that declares ``training_free = True``; methods that need a draft model join only when ``draft_model`` is

@@ -636,18 +636,20 @@ def test_peek_rounds_that_find_nothing_to_accept_stretch_the_period_until_one_do
     assert drafter._probe_period(state) == base
 
 
-@pytest.mark.parametrize("fallback, ngram_rate, ngram_drafts, expected", [
-    (True, 110.0, [7, 8], ("ngram", [7, 8], "fallback")),
-    (False, 110.0, [7, 8], ("pld", [], "best")),  # the option off: a plain step of the chosen arm
-    (True, 102.0, [7, 8], ("pld", [], "best")),  # ngram not rated above plain decoding by the margin
-    (True, 110.0, [], ("pld", [], "best")),  # no other arm drafts either
+@pytest.mark.parametrize("candidates, fallback, ngram_rate, ngram_drafts, expected", [
+    ("ar,pld,ngram", True, 110.0, [7, 8], ("ngram", [7, 8], "fallback")),
+    ("ar,pld,ngram", False, 110.0, [7, 8], ("pld", [], "best")),  # the option off: a plain step of the chosen arm
+    ("ar,pld,ngram", True, 102.0, [7, 8], ("pld", [], "best")),  # ngram not above plain decoding by the margin
+    ("ar,pld,ngram", True, 110.0, [], ("pld", [], "best")),  # no other arm drafts either
+    ("pld,ngram", True, 110.0, [7, 8], ("pld", [], "best")),  # no plain decoding to rate a step without a draft
 ])
-def test_a_chosen_arm_that_drafts_nothing_hands_the_step_to_the_next_arm_that_does(monkeypatch, fallback, ngram_rate,
-                                                                                    ngram_drafts, expected):
+def test_a_chosen_arm_that_drafts_nothing_hands_the_step_to_the_next_arm_that_does(monkeypatch, candidates, fallback,
+                                                                                    ngram_rate, ngram_drafts, expected):
     """pld rated best but finding no match in the text: the step goes to ngram, rated above plain decoding, if its
     own schedule drafts now; its verdict is ngram's, and the step counts for ngram."""
-    drafter = started({"candidates": "ar,pld,ngram", "exploration": 0.0, "probe_every": 0, "fallback": fallback},
-                      {"ar": rated(100.0), "pld": rated(120.0), "ngram": rated(ngram_rate)})
+    kept = {"ar": rated(100.0), "pld": rated(120.0), "ngram": rated(ngram_rate)}
+    drafter = started({"candidates": candidates, "exploration": 0.0, "probe_every": 0, "fallback": fallback},
+                      {name: kept[name] for name in candidates.split(",")})
     monkeypatch.setattr(drafter.arms["pld"].drafter, "propose", lambda state: Proposal(tokens=[]))
     monkeypatch.setattr(drafter.arms["ngram"].drafter, "propose", lambda state: Proposal(tokens=list(ngram_drafts)))
     observed = []

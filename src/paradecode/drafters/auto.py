@@ -353,14 +353,16 @@ class AutoDrafter(Drafter):
 
     def _fall_back(self, state: DecodeState, name: str, arm: _Arm, proposal: Proposal, reason: str):
         """The chosen drafting arm found nothing to draft (``pld`` with no match in the text): the step goes to the
-        best other drafting arm rated above plain decoding (within the margins of the choice) that drafts now, if
-        any; else it stays a plain step of the chosen arm (as it does in an arm's warm-up step, which measures that
+        best other drafting arm rated above plain decoding (within the margins of the choice; so only where ``ar`` is
+        an arm) that drafts now, if any; else it stays a plain step of the chosen arm (as it does in an arm's warm-up step, which measures that
         arm). Each arm's own schedule decided that its draft pays. The
         arm that drafted nothing misses this step's verdict, and re-syncs as after any step another arm took. On
         Spec-Bench's math_reasoning questions (AMD EPYC Zen 4, 2026-12-06) ``auto`` ran ``pld`` for all 128 steps of
         an answer, drafting nothing in all but three, while ``ngram`` alone ran it 1.30x faster."""
         rates = {other: self.arms[other].rate * f for other, f in zip(self.active, self.favour)}
-        plain = max((rates[other] for other in self.active if not self.arms[other].drafter.drafts), default=0.0)
+        plain = max((rates[other] for other in self.active if not self.arms[other].drafter.drafts), default=None)
+        if plain is None:  # no plain decoding among the arms to say what a step is worth without a draft
+            return name, arm, proposal, reason
         for other in sorted(self.active, key=rates.__getitem__, reverse=True):
             candidate = self.arms[other]
             if other == name or not candidate.drafter.drafts or rates[other] <= plain:

@@ -70,7 +70,8 @@ def test_auto_reports_its_choices():
     assert sum(c["steps"] for c in candidates.values()) == stats.forward_passes
     assert sum(c["tokens"] for c in candidates.values()) == stats.new_tokens
     for step in stats.steps:
-        assert step.info["auto"] in candidates and step.info["auto_reason"] in ("warmup", "best", "explore", "fallback")
+        assert step.info["auto"] in candidates
+        assert step.info["auto_reason"] in ("warmup", "best", "explore", "fallback")
     warmup = [s.info["auto"] for s in stats.steps if s.info["auto_reason"] == "warmup"]
     peekable = {"ar", "pld", "pld-tree", "ngram"}
     # an arm that cannot be peeked at gets one warm-up step (the default); a peekable one is measured by its
@@ -663,7 +664,8 @@ def test_a_chosen_arm_that_drafts_nothing_hands_the_step_to_the_next_arm_that_do
     assert (proposal.info["auto"], proposal.tokens, proposal.info["auto_reason"]) == (name, tokens, reason)
     steps_before = drafter.arms[name].estimate.steps
     drafter.observe(state, Verdict(accepted=[], accepted_tokens=[], next_token=5, bonus=False, committed_tokens=[5]))
-    assert observed == [name] and drafter.arms[name].steps == 1 and drafter.arms[name].estimate.steps == steps_before + 1
+    assert observed == [name] and drafter.arms[name].steps == 1
+    assert drafter.arms[name].estimate.steps == steps_before + 1
 
 
 def test_every_step_counts_once_in_the_shared_step_curve(monkeypatch):

@@ -141,7 +141,7 @@ class AutoOptions:
     laggard: float = 0.0  # an arm under this share of the best rate is peeked at every 4th round only (0: none)
     probes: bool = True  # peeks teach an arm by its longer probe draft where it offers one (Drafter.peek)
     quiet_doublings: int = 1  # peek rounds that found nothing to accept stretch the period up to 2^this x (0: never)
-    fallback: bool = True  # a chosen drafting arm that drafts nothing hands the step to the next arm above ar that does
+    fallback: bool = True  # a chosen drafting arm that drafts nothing hands the step to the best one above ar that does
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -354,11 +354,11 @@ class AutoDrafter(Drafter):
     def _fall_back(self, state: DecodeState, name: str, arm: _Arm, proposal: Proposal, reason: str):
         """The chosen drafting arm found nothing to draft (``pld`` with no match in the text): the step goes to the
         best other drafting arm rated above plain decoding (within the margins of the choice; so only where ``ar`` is
-        an arm) that drafts now, if any; else it stays a plain step of the chosen arm (as it does in an arm's warm-up step, which measures that
-        arm). Each arm's own schedule decided that its draft pays. The
-        arm that drafted nothing misses this step's verdict, and re-syncs as after any step another arm took. On
-        Spec-Bench's math_reasoning questions (AMD EPYC Zen 4, 2026-12-06) ``auto`` ran ``pld`` for all 128 steps of
-        an answer, drafting nothing in all but three, while ``ngram`` alone ran it 1.30x faster."""
+        an arm) that drafts now, if any; else it stays a plain step of the chosen arm (as it does in an arm's warm-up
+        step, which measures that arm). Each arm's own schedule decided that its draft pays. The arm that drafted
+        nothing misses this step's verdict, and re-syncs as after any step another arm took. On Spec-Bench's
+        math_reasoning question 403 (AMD EPYC Zen 4, 2026-12-06) ``auto`` ran ``pld`` for all 128 steps of the answer,
+        drafting nothing in all but three, while ``ngram`` alone ran it 1.30x faster."""
         rates = {other: self.arms[other].rate * f for other, f in zip(self.active, self.favour)}
         plain = max((rates[other] for other in self.active if not self.arms[other].drafter.drafts), default=None)
         if plain is None:  # no plain decoding among the arms to say what a step is worth without a draft

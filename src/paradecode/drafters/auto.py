@@ -338,10 +338,7 @@ class AutoDrafter(Drafter):
             self._peek(state, name)
         self.step_start = time.perf_counter()
         arm = self.arms[name]
-        if arm.stale:
-            arm.drafter.begin(state)
-            arm.stale = False
-        proposal = arm.drafter.propose(state)
+        proposal = self._propose(arm, state)
         if not proposal.tokens and arm.drafter.drafts and self.options.fallback and reason != "warmup":
             name, arm, proposal, reason = self._fall_back(state, name, arm, proposal, reason)
         self.switches += bool(self.current) and name != self.current
@@ -359,7 +356,7 @@ class AutoDrafter(Drafter):
         nothing misses this step's verdict, and re-syncs as after any step another arm took. On Spec-Bench's
         math_reasoning question 403 (AMD EPYC Zen 4, 2026-12-06) ``auto`` ran ``pld`` for all 128 steps of the answer,
         drafting nothing in all but three, while ``ngram`` alone ran it 1.30x faster."""
-        rates = {other: self.arms[other].rate * f for other, f in zip(self.active, self.favour)}
+        rates = dict(zip(self.active, self._favoured_rates()))
         plain = max((rates[other] for other in self.active if not self.arms[other].drafter.drafts), default=None)
         if plain is None:  # no plain decoding among the arms to say what a step is worth without a draft
             return name, arm, proposal, reason
@@ -367,13 +364,22 @@ class AutoDrafter(Drafter):
             candidate = self.arms[other]
             if other == name or not candidate.drafter.drafts or rates[other] <= plain:
                 continue
-            if candidate.stale:
-                candidate.drafter.begin(state)
-                candidate.stale = False
-            drafted = candidate.drafter.propose(state)
+            drafted = self._propose(candidate, state)
             if drafted.tokens:
                 return other, candidate, drafted, "fallback"
         return name, arm, proposal, reason
+
+    @staticmethod
+    def _propose(arm: _Arm, state: DecodeState) -> Proposal:
+        """The arm's draft, its state first re-synced with ``begin`` if other arms' steps left it stale."""
+        if arm.stale:
+            arm.drafter.begin(state)
+            arm.stale = False
+        return arm.drafter.propose(state)
+
+    def _favoured_rates(self) -> list[float]:
+        """Each active arm's rate, within the margin in favour of the surer choice (``favour``)."""
+        return [self.arms[name].estimate.rate * f for name, f in zip(self.active, self.favour)]
 
     def _probe_period(self, state: DecodeState) -> int:
         """Steps between peek rounds: ``probe_every``, times the requests that share this one's passes and its kept
@@ -471,12 +477,11 @@ class AutoDrafter(Drafter):
             self.warmed = True
         # Each arm's rate, within the margin in favour of the surer choice (``favour``); then the UCB bonus, which
         # shrinks with the arm's lifetime count (peeks included).
-        estimates = [self.arms[name].estimate for name in self.active]
-        rates = [e.rate * f for e, f in zip(estimates, self.favour)]
+        rates = self._favoured_rates()
         best = rates.index(max(rates))  # the first of equals, as max(key=) gives
         if not self.exploring:  # no bonus for any arm: the best rate
             return self.active[best], "best"
-        counts = [e.steps for e in estimates]
+        counts = [self.arms[name].estimate.steps for name in self.active]
         log_total = math.log(max(sum(counts), 1))
         c = self.options.exploration
         ucbs = [r * (1.0 + c * math.sqrt(log_total / max(n, 1))) if explore else r

@@ -133,11 +133,20 @@ def test_sampling_through_the_engine_matches_the_model(tmp_path, method, tree):
     assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
 
 
-def test_eagle_tree_children_rank_by_their_branch_logits(setup):
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+def test_eagle_tree_children_rank_by_their_branch_logits(setup, native, monkeypatch):
     """Greedy tree: every node's children are the top tokens of the head run on the node's branch as a plain
-    sequence of pairs (no tree mask), so the tree forwards' masks and positions are right."""
+    sequence of pairs (no tree mask), so the tree forwards' masks and positions are right; on the PyTorch head
+    and on the native one (heads/eagle_native.py), whose rows do not depend on the pass they ride in."""
+    from paradecode.backends import native as native_kernels
     from paradecode.drafters.base import DecodeState
+    from paradecode.drafters.head_drafter import HeadRuntime
+    from paradecode.heads.eagle_native import NativeEagleLayer
 
+    if native and native_kernels.load() is None:
+        pytest.skip("the native kernels are not built here")
+    if not native:
+        monkeypatch.setattr(HeadRuntime, "native_layer", lambda self, max_len: None)
     context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
     drafter = get_method("eagle").create({"head": str(setup.heads["eagle"]), "tree": True, "budget": 20,
                                           "branching": 3, "width": 4, "depth": 6}, context)
@@ -160,16 +169,25 @@ def test_eagle_tree_children_rank_by_their_branch_logits(setup):
         while n >= 0:
             path.insert(0, proposal.tokens[n])
             n = proposal.parents[n]
-        cache = EagleCache(module.shape, 64)
-        with torch.no_grad():
-            out, _ = module(runtime.embed[torch.tensor(prompt[1:])][None], hidden[None],
-                            torch.arange(len(prompt) - 1)[None], causal_mask(0, len(prompt) - 1)[None], cache=cache)
-            feature = out[0, -1]
+        if native:  # the branch as a plain sequence of pairs on a native layer of its own
+            layer = NativeEagleLayer(native_kernels.load(), runtime._native_weights, 64)
+            out, logits = layer(torch.cat((runtime.embed[torch.tensor(prompt[1:])], hidden.float()), -1), None, None)
             for token in path:
-                out, _ = module(runtime.embed[torch.tensor([token])][None], feature[None, None],
-                                torch.tensor([[cache.length]]), None, cache=cache)
+                out, logits = layer(torch.cat((runtime.embed[token], out[-1]))[None], None, None)
+            logits = logits[-1]
+        else:
+            cache = EagleCache(module.shape, 64)
+            with torch.no_grad():
+                out, _ = module(runtime.embed[torch.tensor(prompt[1:])][None], hidden[None],
+                                torch.arange(len(prompt) - 1)[None], causal_mask(0, len(prompt) - 1)[None],
+                                cache=cache)
                 feature = out[0, -1]
-        top = torch.topk(runtime.draft_logits(feature), len(children)).indices.tolist()
+                for token in path:
+                    out, _ = module(runtime.embed[torch.tensor([token])][None], feature[None, None],
+                                    torch.tensor([[cache.length]]), None, cache=cache)
+                    feature = out[0, -1]
+            logits = runtime.draft_logits(feature)
+        top = torch.topk(logits, len(children)).indices.tolist()
         assert top == children, (node, path)
 
 
@@ -278,20 +296,56 @@ def test_a_parallel_draft_deeper_than_the_heads_mask_rows_is_refused_clearly():
     assert get_method("parallel").Options(depth=16).depth == 16
 
 
+def test_the_native_eagle_step_computes_the_heads_forward(setup):
+    """The draft step on the native forward (heads/eagle_native.py) is the head's layer: its output features and
+    draft logits follow the fp32 PyTorch head's on the same pairs, for a causal run of pairs and for two tree
+    siblings at one position under a mask (int8 weights and activations, half-float keys and values: close, not
+    equal). A wrong RoPE table, a norm where the head has none or a mask read the wrong way fails it."""
+    from paradecode.backends import native
+    from paradecode.drafters.head_drafter import load_runtime
+
+    if native.load() is None:
+        pytest.skip("the native kernels are not built here")
+    runtime = load_runtime(str(setup.heads["eagle"].resolve()), "eagle", str(setup.model_dir.resolve()), 0, "int8")
+    head, layer = runtime.head.module, runtime.native_layer(64)
+    assert layer is not None and load_runtime(str(setup.heads["eagle"].resolve()), "eagle",
+                                              str(setup.model_dir.resolve()), 0, "fp32").native_layer(64) is None
+    generator = torch.Generator().manual_seed(5)
+    t, d = 9, head.shape.hidden_size
+    tokens = torch.randint(runtime.vocab, (t + 2,), generator=generator)
+    features = torch.randn(t + 2, d, generator=generator)  # [T + 2, D]
+    embeds = runtime.embed[tokens]
+    cache = EagleCache(head.shape, 64)
+    positions = torch.cat((torch.arange(t), torch.tensor([t, t])))  # two siblings at position t
+    mask = torch.ones(2, t + 2, dtype=torch.bool)
+    mask[0, t + 1] = mask[1, t] = False  # each sibling sees the committed pairs and itself
+    with torch.no_grad():
+        causal, _ = head(embeds[None, :t], features[None, :t], positions[None, :t], causal_mask(0, t)[None], cache)
+        tree, _ = head(embeds[None, t:], features[None, t:], positions[None, t:], mask[None], cache)
+    expected = torch.cat((causal[0], tree[0]))  # [T + 2, D]
+    out, logits = layer(torch.cat((embeds[:t], features[:t]), -1), None, None)
+    out_tree, logits_tree = layer(torch.cat((embeds[t:], features[t:]), -1), positions[t:], mask)
+    out, logits = torch.cat((out, out_tree)), torch.cat((logits, logits_tree))
+    assert ((out - expected).norm(dim=-1) / expected.norm(dim=-1)).max() < 0.05
+    expected_logits = expected @ runtime.lm_rows.t()  # [T + 2, Vd]
+    assert ((logits - expected_logits).norm(dim=-1) / expected_logits.norm(dim=-1)).max() < 0.05
+    assert (logits.argmax(-1) == expected_logits.argmax(-1)).float().mean() >= 0.9
+
+
 def test_calibration_counts_judged_nodes_and_chains_path_chances():
     from paradecode.drafters.base import Proposal
     from paradecode.drafters.head_drafter import Calibration
 
     calibration = Calibration()  # starts calibrated: a 0.95 confidence is a 0.95 chance
     tree = Proposal(tokens=[5, 6, 7, 8], parents=[-1, 0, -1, 2], confidences=[0.95, 0.55, 0.05, 0.9])
-    assert calibration.path_chances(tree) == pytest.approx([0.95, 0.95 * 0.55, 0.05, 0.05 * 0.95])
+    assert calibration.path_chances(tree.confidences, tree.node_parents) == pytest.approx([0.95, 0.95 * 0.55, 0.05, 0.05 * 0.95])
     calibration.update(tree, accepted=[0, 1])  # judged: 0 (hit), 1 (hit), 2 (miss); 3's parent was rejected
     assert calibration.seen[9] == 5 and calibration.hits[9] == pytest.approx(0.95 * 4 + 1)
     assert calibration.seen[5] == 5 and calibration.hits[5] == pytest.approx(0.55 * 4 + 1)
     assert calibration.seen[0] == 5 and calibration.hits[0] == pytest.approx(0.05 * 4)
     for _ in range(40):  # a head whose 0.9+ confidences always fail
         calibration.update(Proposal(tokens=[1], confidences=[0.97]), accepted=[])
-    assert calibration.path_chances(Proposal(tokens=[1, 2], confidences=[0.97, 0.5]))[0] < 0.15
+    assert calibration.path_chances([0.97, 0.5], [-1, 0])[0] < 0.15
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])

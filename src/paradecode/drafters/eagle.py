@@ -56,7 +56,9 @@ class EagleDrafter(HeadDrafter):
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
         room = state.target.max_length + max(self.options.budget, self.options.depth) + 1
-        self.cache = EagleCache(self.module.shape, room)
+        native = self.runtime.native_layer(room) if self.kind == "eagle" else None
+        self.native = native  # the head's steps on the native int8 forward (heads/eagle_native.py), or None
+        self.cache = native if native is not None else EagleCache(self.module.shape, room)
         features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2} (EAGLE-3: [P-1, A*D])
         # pairs not fed to the head yet: fed in one pass by the next step that drafts, so a step that drafts
         # nothing (the cost schedule's choice when drafting does not pay) costs no head forward
@@ -69,8 +71,9 @@ class EagleDrafter(HeadDrafter):
         length = self.chain_length(state)
         if state.max_draft > 0 and length > 0 and self.pending:
             features = self.module.fuse(torch.cat([f for f, _ in self.pending]))  # [T, D]
-            out = self._feed(features, [t for _, tokens in self.pending for t in tokens], None, None)  # [T, D]
-            self.root_feature, self.pending = out[-1], []
+            out, logits = self._feed(features, [t for _, tokens in self.pending for t in tokens], None, None,
+                                     last_logits=True)  # [T, D], [1, Vd]
+            self.root_feature, self.root_logits, self.pending = out[-1], logits[-1], []
         if self.root_feature is None or state.max_draft <= 0 or length <= 0:
             self.drafted(0)
             return Proposal()
@@ -86,14 +89,14 @@ class EagleDrafter(HeadDrafter):
             positions = torch.tensor([committed - 1 + tree.depths[n] for n in batch])
             mask = fed_nodes_mask(batch, tree.parents, slot, committed, fed)  # [B, C + fed + B]
             slot.update((node, fed + row) for row, node in enumerate(batch))
-            out = self._feed(parent_features, [tree.tokens[n] for n in batch], positions, mask)  # [B, D]
-            node_features.extend(out)
-            return runtime.draft_logits(out)  # [B, Vd]
+            out, logits = self._feed(parent_features, [tree.tokens[n] for n in batch], positions, mask)
+            node_features.extend(out)  # out [B, D]
+            return logits  # [B, Vd]
 
         limits = tree_limits(o.tree, o.budget, o.branching, o.width, length, state)
         try:
-            proposal = grow_tree(runtime.draft_logits(self.root_feature), expand, state, limits, runtime.ids,
-                                 runtime.vocab)
+            proposal = grow_tree(self.root_logits, expand, state, limits, runtime.ids, runtime.vocab,
+                                 self.worth_growing)
         finally:
             self.cache.length = committed  # drop the draft pairs: the next step feeds the target's features
         return self.finish(proposal)
@@ -105,17 +108,21 @@ class EagleDrafter(HeadDrafter):
         self.pending.append((features, verdict.accepted_tokens + [verdict.next_token]))
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor | None,
-              mask: torch.Tensor | None) -> torch.Tensor:
-        """Run the head on pairs (features [T, D], tokens [T]) appended to its cache -> output features [T, D].
-        Default positions and mask: the next slots, causally."""
+              mask: torch.Tensor | None, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head on pairs (features [T, D], tokens [T]) appended to its cache -> (output features [T, D],
+        draft logits [T, Vd], or [1, Vd] of the last pair with ``last_logits``). Default positions and mask (both
+        None): the next slots, causally."""
+        self.draft_forward_passes += 1
+        embeds = self.runtime.embed[torch.tensor(tokens, dtype=torch.long)]  # [T, D]
+        if self.native is not None:
+            return self.native(torch.cat((embeds, features), dim=-1), positions, mask, last_logits)
         start, t = self.cache.length, len(tokens)
         if positions is None:
             positions = torch.arange(start, start + t)
             mask = causal_mask(start, t)
-        embeds = self.runtime.embed[torch.tensor(tokens, dtype=torch.long)]  # [T, D]
         out, _ = self.module(embeds[None], features[None], positions[None], mask[None], cache=self.cache)
-        self.draft_forward_passes += 1
-        return out[0]
+        out = out[0]  # [T, D]
+        return out, self.runtime.draft_logits(out[-1:] if last_logits else out)
 
 
 @register("eagle3")

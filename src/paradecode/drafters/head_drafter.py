@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,6 +24,7 @@ from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options, make_schedule
 from paradecode.drafters.tree import tree_parents
 from paradecode.errors import ParadecodeError
+from paradecode.heads.eagle_native import NativeEagleLayer, NativeEagleWeights
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
 from paradecode.verify.base import Verdict
 
@@ -53,19 +54,37 @@ class HeadRuntime:
     vocab: int  # the full vocabulary size V
     module: torch.nn.Module  # the head as it drafts (its linear layers in int8 for head_dtype=int8)
     lm: torch.nn.Module  # the draft LM head: the target's LM head rows of the draft vocabulary (EAGLE-3: its own, after its norm)
+    lm_rows: torch.Tensor  # [Vd, D] fp32 weight of the draft LM head (before any quantization)
+    dtype: str  # head_dtype: int8 | fp32
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., D] -> draft logits [..., Vd]."""
         rows = features.reshape(-1, features.shape[-1])  # [N, D]: quantized linears take 2-D inputs only
         return self.lm(rows).view(*features.shape[:-1], -1)
 
+    def native_layer(self, max_len: int) -> "NativeEagleLayer | None":
+        """An EAGLE head's steps on the native int8 forward, with a cache of ``max_len`` pairs of their own; None
+        for an fp32 head, another kind, or without the native kernels (``backends.native.load``)."""
+        if self.dtype != "int8" or self.head.module.kind != "eagle":
+            return None
+        from paradecode.backends import native
+
+        module = native.load()
+        return None if module is None else NativeEagleLayer(module, self._native_weights, max_len)
+
+    @cached_property
+    def _native_weights(self) -> "NativeEagleWeights":
+        return NativeEagleWeights.from_head(self.head.module, self.lm_rows)
+
 
 @lru_cache(maxsize=8)
 def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_dtype: str = "fp32") -> HeadRuntime:
     """The head in ``folder`` with its target's pieces. ``head_dtype`` int8: its linear layers and the draft LM
-    head run as PyTorch's dynamically quantized int8 linears (int8 weights, per-call int8 activations): a
-    draft step reads a quarter of the bytes (drafting on a CPU is bound by reading weights); proposals change
-    slightly, outputs do not (verification is the target's)."""
+    head run as PyTorch's dynamically quantized int8 linears (int8 weights, per-call int8 activations), or, for
+    an EAGLE head where the native kernels load, the whole draft step on the native int8 forward
+    (``native_layer``): a draft step reads a quarter of the bytes (drafting on a CPU is bound by reading weights)
+    and, natively, pays no per-op costs; proposals change slightly, outputs do not (verification is the
+    target's)."""
     weights = target_weights(model_dir)
     head = load_head(folder, kind, weights)
     ids = head.draft_ids
@@ -89,7 +108,8 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
             module.fc = copy.deepcopy(head.module.fc)  # int8 activation scale too coarse for the rest: fp32
         if own is not None:
             module.lm_head = None  # drafting scores through ``lm`` (the rows kept), never the module's own
-    return HeadRuntime(head, weights.embed, ids, weights.embed.shape[0], module.eval(), lm.eval())
+    return HeadRuntime(head, weights.embed, ids, weights.embed.shape[0], module.eval(), lm.eval(), lm_rows,
+                       head_dtype)
 
 
 def _int8_linears(module: torch.nn.Module) -> torch.nn.Module:
@@ -115,11 +135,11 @@ class Calibration:
     def _bin(self, confidence: float) -> int:
         return min(int(confidence * self.BINS), self.BINS - 1)
 
-    def path_chances(self, proposal: Proposal) -> list[float]:
-        """Chance that each node's whole path is accepted (nodes in proposal order, parents first)."""
-        parents = proposal.node_parents
+    def path_chances(self, confidences: list[float], parents: list[int]) -> list[float]:
+        """Chance that each node's whole path is accepted, from each node's confidence and parent (-1: the root's
+        child), nodes in proposal order (parents first)."""
         chances: list[float] = []
-        for confidence, parent in zip(proposal.confidences, parents):
+        for confidence, parent in zip(confidences, parents):
             b = self._bin(confidence)
             chances.append(self.hits[b] / self.seen[b] * (1.0 if parent < 0 else chances[parent]))
         return chances
@@ -188,7 +208,8 @@ class HeadDrafter(ScheduledDrafter):
         head that never pays costs a head forward every ``MAX_REST`` steps; the schedule's one-token probes
         still come, from the steps it runs)."""
         if self.cutting and proposal.tokens and proposal.confidences is not None:
-            keep = self.schedule.best_prefix(self.calibration.path_chances(proposal))
+            keep = self.schedule.best_prefix(self.calibration.path_chances(proposal.confidences,
+                                                                            proposal.node_parents))
             self.empty_cuts = self.empty_cuts + 1 if keep == 0 else 0
             self.rest = min(2 ** (self.empty_cuts - 1), self.MAX_REST) if keep == 0 else 0
             proposal = Proposal(tokens=proposal.tokens[:keep], parents=tree_parents(proposal.node_parents[:keep]),
@@ -197,6 +218,14 @@ class HeadDrafter(ScheduledDrafter):
         if self.scheduled:
             self.schedule.proposed(len(proposal.tokens))
         return proposal
+
+    def worth_growing(self, confidences: list[float], parents: list[int]) -> bool:
+        """``grow_tree``'s question when cutting: whether the nodes drafted so far all stay in the cut ``finish``
+        would make now; once the best prefix leaves out the newest ones, their children would be cut too (a
+        child's path is no likelier than its parent's), so the head forward that drafts them is saved."""
+        if not self.cutting:
+            return True
+        return self.schedule.planned(self.calibration.path_chances(confidences, parents)) == len(confidences)
 
     def drafted(self, count: int) -> None:
         """A step that drafted nothing (``count`` 0) or whose proposal bypasses ``finish``."""

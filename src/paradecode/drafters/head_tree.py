@@ -51,10 +51,13 @@ class _Open:
 
 
 def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree], torch.Tensor],
-              state: DecodeState, limits: TreeLimits, ids: torch.Tensor | None, vocab: int) -> Proposal:
+              state: DecodeState, limits: TreeLimits, ids: torch.Tensor | None, vocab: int,
+              worth_growing: Callable[[list[float], list[int]], bool] | None = None) -> Proposal:
     """root_logits [Vd]: draft logits after the root; ``expand(nodes, tree)`` -> [n, Vd] logits after each of
     the first n nodes (n < len(nodes) when the drafter has room for only n; the rest stay leaves, and n = 0
-    ends the growth). ``vocab``: the full vocabulary size (of the reported q rows)."""
+    ends the growth). ``vocab``: the full vocabulary size (of the reported q rows). ``worth_growing(confidences,
+    parents)``, asked before each ``expand`` with every node's confidence and parent so far, ends the growth
+    when it says no (a drafter whose proposal will be cut saves the forwards of nodes it would cut)."""
     sampling = state.sampling
     tree = DraftTree([], [], [])
     scores: list[float] = []
@@ -104,6 +107,8 @@ def grow_tree(root_logits: torch.Tensor, expand: Callable[[list[int], DraftTree]
             if token not in state.eos_ids and depth < limits.depth:
                 batch.append(node)
         if not batch or len(tree.tokens) >= limits.budget:
+            break
+        if worth_growing is not None and not worth_growing(confidences, tree.parents):
             break
         logits = expand(batch, tree)  # [n, Vd]: the first n <= len(batch) nodes opened
         if logits.shape[0] == 0:

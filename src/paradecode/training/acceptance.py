@@ -10,8 +10,8 @@ benchmark.
 
 The cost side: ``draft_step_seconds`` times one draft step of a head as it drafts (one pair through the head
 with its own cache, then its draft logits; a parallel head's pair comes with its mask rows; ``head_dtype`` int8
-by default) against a one-token forward of the
-target, both at the same context length, interleaved, medians.
+by default, so an EAGLE head's step runs on the native forward where the drafter runs it) against a one-token
+forward of the target, both at the same context length, interleaved, medians.
 """
 
 from __future__ import annotations
@@ -76,13 +76,21 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
     features = out.aux if out.aux is not None else out.hidden  # [context, W]
     head, cache = None, None
     masks = depth - 1 if kind == "parallel" else 0  # the parallel head drafts every depth in the one forward
-    if kind != "medusa":
+    native = runtime.native_layer(context + 2) if kind == "eagle" else None  # where the drafter runs its steps
+    if native is not None:
+        native(torch.cat((runtime.embed[ids[1 : context + 1]], features.float()), -1), None, None, last_logits=True)
+        head = features[-1:].float()  # [1, D]
+    elif kind != "medusa":
         cache = EagleCache(module.shape, context + 2 + masks)
         module(runtime.embed[ids[1 : context + 1]][None], module.fuse(features)[None], torch.arange(context)[None],
                torch.ones(context, context, dtype=torch.bool).tril()[None], cache=cache)
         head = module.fuse(features[-1:])[None]  # [1, 1, D]: a feature as the step feeds it
 
     def step() -> None:
+        if native is not None:
+            native.length = context
+            native(torch.cat((runtime.embed[ids[-1:]], head), -1), None, None)
+            return
         if kind == "medusa":
             runtime.draft_logits(module(features[-1:].float())[:, 0])
             return

@@ -84,16 +84,23 @@ class Int8Forward {
 
   void set_head(const py::tuple& head) { head_ = projection(head); }
 
+  // A projection applied to the rows given as `inputs` to forward, making them the [T, D] residual stream (EAGLE's
+  // fc over [embedding ; feature]); without one, such rows enter as they are.
+  void set_input(const py::tuple& input) { input_ = projection(input); }
+
   // The kernels this build and these weights offer (fbgemm only where PyTorch could prepack every weight).
   std::vector<std::string> kernels() const {
     std::vector<std::string> out = {kKernelNames[kOwn]};
     bool fbgemm = static_cast<bool>(head_.packed), int8 = !head_.is_q4(), amx = amx_ready() && amx_fits(head_.k);
+    std::vector<const Projection*> all;
+    if (input_) all.push_back(&*input_);
     for (const auto& layer : layers_)
-      for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
-        fbgemm &= static_cast<bool>(p->packed);
-        int8 &= !p->is_q4();
-        amx &= p->is_q4() || amx_fits(p->k);
-      }
+      for (const Projection* p : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) all.push_back(p);
+    for (const Projection* p : all) {
+      fbgemm &= static_cast<bool>(p->packed);
+      int8 &= !p->is_q4();
+      amx &= p->is_q4() || amx_fits(p->k);
+    }
     if (fbgemm) out.push_back(kKernelNames[kFbgemm]);
     if (int8) out.push_back(kKernelNames[kIntMm]);  // torch._int_mm has no 4-bit form
     // AMX tiles: int8 weights whose k fits whole tile steps (4-bit weights always do: a step is one group)
@@ -151,15 +158,22 @@ class Int8Forward {
   // follows its sequence's cache; a torch call less a step for the caller); segments: (page table int32 [pages],
   // start, count, mask [count, start + count] bool or None) whose counts add up to T, rows in segment order;
   // layers: indices to run; capture: layer indices (ascending, among those run) whose input, the residual stream
-  // entering the layer, is copied out (EAGLE-3's features). Returns (final-normed hidden [T, D], logits [T, V] or
-  // undefined, captured [T, capture.size() * D] or undefined).
+  // entering the layer, is copied out (EAGLE-3's features); inputs: float32 [T, K] rows that replace the
+  // embeddings of `ids` (which is then ignored), through the input projection where one is set. A layer with an
+  // empty attention norm feeds its input to q/k/v as it is, and an empty final norm returns the residual stream.
+  // Returns (final-normed hidden [T, D], logits [T, V] or undefined, captured [T, capture.size() * D] or
+  // undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids,
                                                          const std::optional<at::Tensor>& positions,
                                                          const py::list& segment_list,
                                                          const std::vector<int64_t>& layers, bool want_logits,
-                                                         const std::vector<int64_t>& capture, bool hold_gil) {
+                                                         const std::vector<int64_t>& capture, bool hold_gil,
+                                                         const std::optional<at::Tensor>& inputs) {
     at::NoGradGuard no_grad;
-    const int64_t t = ids.size(0), d = embed_.size(1);
+    const int64_t t = inputs ? inputs->size(0) : ids.size(0), d = embed_.size(1);
+    TORCH_CHECK(!inputs || (inputs->dim() == 2 && inputs->scalar_type() == at::kFloat &&
+                            inputs->size(1) == (input_ ? input_->k : d)),
+                "inputs must be float32 [T, ", input_ ? input_->k : d, "]");
     TORCH_CHECK(!positions || (positions->numel() == t && positions->scalar_type() == at::kLong),
                 "positions must be [T] int64 or None");
     std::vector<at::Tensor> keep_alive;
@@ -180,8 +194,18 @@ class Int8Forward {
     // the caller holds on (`hold_gil`: see backends/sequences.py, Batcher.hold_gil).
     std::optional<py::gil_scoped_release> no_gil;
     if (!hold_gil) no_gil.emplace();
-    at::Tensor x = embed_.index_select(0, ids).contiguous();  // [T, D]
     const Kernel kernel = kernels_[bucket_of(t)];
+    at::Tensor x;  // [T, D] the residual stream
+    if (!inputs) {
+      x = embed_.index_select(0, ids).contiguous();
+    } else if (input_) {
+      const at::Tensor in = inputs->contiguous();
+      x = at::empty({t, d}, in.options());
+      Clock input_clock;
+      input_->apply(kernel, in.data_ptr<float>(), t, x.data_ptr<float>(), false, input_clock, ws_);
+    } else {
+      x = inputs->clone(at::MemoryFormat::Contiguous);
+    }
     h_.resize(t * d);
     const int64_t captures = static_cast<int64_t>(capture.size());
     at::Tensor captured;  // undefined (None) when nothing is captured
@@ -198,7 +222,11 @@ class Int8Forward {
         for (int64_t r = 0; r < t; ++r) std::copy(xp + r * d, xp + (r + 1) * d, to + r * captures * d);
         ++next_capture;
       }
-      rms_norm(xp, t, layer.attn_norm, h_.data());
+      if (layer.attn_norm.numel() > 0) {
+        rms_norm(xp, t, layer.attn_norm, h_.data());
+      } else {
+        std::copy(xp, xp + t * d, h_.data());
+      }
       clock_.lap(kNorm);
       qkv_.resize(t * layer.qkv.out_features());
       layer.qkv.apply(kernel, h_.data(), t, qkv_.data(), false, clock_, ws_);
@@ -217,8 +245,8 @@ class Int8Forward {
       add_output(layer.down, layer.post_mlp_norm, kernel, act_.data(), t, xp);
     }
     TORCH_CHECK(next_capture == captures, "capture must list ascending indices of layers the pass runs");
-    at::Tensor hidden = at::empty_like(x);
-    rms_norm(x.data_ptr<float>(), t, norm_, hidden.data_ptr<float>());
+    at::Tensor hidden = norm_.numel() > 0 ? at::empty_like(x) : x;
+    if (norm_.numel() > 0) rms_norm(x.data_ptr<float>(), t, norm_, hidden.data_ptr<float>());
     at::Tensor logits;  // undefined (None) when not wanted: a prefill skips the LM head
     if (want_logits) {
       logits = at::empty({t, head_.out_features()}, x.options());
@@ -387,7 +415,7 @@ class Int8Forward {
     // thread the cheap first rows and the other the dear last ones. Whichever thread runs a unit, its bits are
     // the same.
     auto cost = [&](const Unit& u) { return (u.r1 - u.r0) * (u.h1 - u.h0) * (segments[u.segment].start + u.r1); };
-    std::stable_sort(units_.begin(), units_.end(), [&](const Unit& a, const Unit& b) { return cost(a) > cost(b); });
+    std::sort(units_.begin(), units_.end(), [&](const Unit& a, const Unit& b) { return cost(a) > cost(b); });
     float* out = attn_.data();
     const int64_t n = static_cast<int64_t>(units_.size());
     std::atomic<int64_t> next{0};
@@ -436,6 +464,7 @@ class Int8Forward {
   bool gelu_;
   std::vector<Layer> layers_;
   Projection head_;
+  std::optional<Projection> input_;
   std::array<Kernel, kBuckets> kernels_;
   Clock clock_;
   Workspace ws_;
@@ -502,6 +531,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("post_attn_norm") = py::none(), py::arg("post_mlp_norm") = py::none(), py::arg("window") = 0,
            py::arg("cos") = py::none(), py::arg("sin") = py::none())
       .def("set_head", &Int8Forward::set_head)
+      .def("set_input", &Int8Forward::set_input)
       .def("kernels", &Int8Forward::kernels)
       .def("set_kernels", &Int8Forward::set_kernels)
       .def_static("isa", &Int8Forward::isa)
@@ -510,5 +540,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stage_seconds", &Int8Forward::stage_seconds)
       .def("forward", &Int8Forward::forward, py::arg("ids"), py::arg("positions"), py::arg("segments"),
            py::arg("layers"), py::arg("want_logits"), py::arg("capture") = std::vector<int64_t>(),
-           py::arg("hold_gil") = false);
+           py::arg("hold_gil") = false, py::arg("inputs") = py::none());
 }

@@ -39,7 +39,8 @@ class EagleOptions:
     width: int = 4  # nodes expanded per head forward
     depth: int = 3  # deepest draft (the chain's longest length)
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
-    head_dtype: str = "int8"  # int8: linears + draft LM head quantized at load (a quarter of the reads) | fp32
+    head_dtype: str = "int8"  # int8: the step on the native int8 forward (heads/eagle_native.py), or PyTorch's
+    # int8 linears without the native kernels (eagle3: always) | fp32: the PyTorch head as trained
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
 
     def __post_init__(self) -> None:

@@ -205,7 +205,7 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Itera
         tensor = tensors.get(name)
         if tensor is None:
             raise ParadecodeError(f"{path.name} has no tensor {name}: dtype q4 runs Llama-family GGUF files "
-                                  "(Llama, Mistral, Qwen2, Qwen3): use --dtype int8.")
+                                  "(Llama, Mistral, Qwen2, Qwen3, Gemma-3): use --dtype int8.")
         kind = tensor.tensor_type.name
         if kind not in BLOCK_LAYOUTS:
             raise ParadecodeError(

@@ -141,7 +141,6 @@ def test_eagle_tree_children_rank_by_their_branch_logits(setup, native, monkeypa
     from paradecode.backends import native as native_kernels
     from paradecode.drafters.base import DecodeState
     from paradecode.drafters.head_drafter import HeadRuntime
-    from paradecode.heads.eagle_native import NativeEagleLayer
 
     if native and native_kernels.load() is None:
         pytest.skip("the native kernels are not built here")
@@ -170,7 +169,7 @@ def test_eagle_tree_children_rank_by_their_branch_logits(setup, native, monkeypa
             path.insert(0, proposal.tokens[n])
             n = proposal.parents[n]
         if native:  # the branch as a plain sequence of pairs on a native layer of its own
-            layer = NativeEagleLayer(native_kernels.load(), runtime._native_weights, 64)
+            layer = runtime.native_layer(64)
             out, logits = layer(torch.cat((runtime.embed[torch.tensor(prompt[1:])], hidden.float()), -1), None, None)
             for token in path:
                 out, logits = layer(torch.cat((runtime.embed[token], out[-1]))[None], None, None)

@@ -66,6 +66,7 @@ class EagleDrafter(HeadDrafter):
         self.pending: list[tuple[torch.Tensor, list[int]]] = [(features, state.tokens[1 : state.prompt_len])] \
             if features is not None else []
         self.root_feature: torch.Tensor | None = None  # [D] predicted feature of the root
+        self.root_logits: torch.Tensor | None = None  # [Vd] its draft logits: the distribution after the root
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
@@ -97,7 +98,7 @@ class EagleDrafter(HeadDrafter):
         limits = tree_limits(o.tree, o.budget, o.branching, o.width, length, state)
         try:
             proposal = grow_tree(self.root_logits, expand, state, limits, runtime.ids, runtime.vocab,
-                                 self.worth_growing)
+                                 self.worth_growing)  # (each node it opens costs a head forward)
         finally:
             self.cache.length = committed  # drop the draft pairs: the next step feeds the target's features
         return self.finish(proposal)

@@ -24,7 +24,7 @@ from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.schedule import ScheduledDrafter, check_schedule_options, make_schedule
 from paradecode.drafters.tree import tree_parents
 from paradecode.errors import ParadecodeError
-from paradecode.heads.eagle_native import NativeEagleLayer, NativeEagleWeights
+from paradecode.heads.eagle_native import NativeEagleHead, NativeEagleLayer
 from paradecode.heads.store import LoadedHead, load_head, resolve_head_dir, target_weights
 from paradecode.verify.base import Verdict
 
@@ -67,14 +67,16 @@ class HeadRuntime:
         for an fp32 head, another kind, or without the native kernels (``backends.native.load``)."""
         if self.dtype != "int8" or self.head.module.kind != "eagle":
             return None
+        head = self._native_head
+        return None if head is None else head.layer(max_len)
+
+    @cached_property
+    def _native_head(self) -> "NativeEagleHead | None":
+        """The head's weights packed for the native forward once (each request's layer shares them)."""
         from paradecode.backends import native
 
         module = native.load()
-        return None if module is None else NativeEagleLayer(module, self._native_weights, max_len)
-
-    @cached_property
-    def _native_weights(self) -> "NativeEagleWeights":
-        return NativeEagleWeights.from_head(self.head.module, self.lm_rows)
+        return None if module is None else NativeEagleHead(module, self.head.module, self.lm_rows)
 
 
 @lru_cache(maxsize=8)
@@ -220,9 +222,10 @@ class HeadDrafter(ScheduledDrafter):
         return proposal
 
     def worth_growing(self, confidences: list[float], parents: list[int]) -> bool:
-        """``grow_tree``'s question when cutting: whether the nodes drafted so far all stay in the cut ``finish``
-        would make now; once the best prefix leaves out the newest ones, their children would be cut too (a
-        child's path is no likelier than its parent's), so the head forward that drafts them is saved."""
+        """``grow_tree``'s question when cutting, for a drafter whose every opened node costs a head forward
+        (``eagle``): whether the nodes drafted so far all stay in the cut ``finish`` would make now; once the best
+        prefix leaves out the newest ones, their children would most likely be cut too (a child's path is no
+        likelier than its parent's), so the head forward that drafts them is saved."""
         if not self.cutting:
             return True
         return self.schedule.planned(self.calibration.path_chances(confidences, parents)) == len(confidences)

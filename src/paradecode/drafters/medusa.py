@@ -62,8 +62,7 @@ class MedusaDrafter(HeadDrafter):
         def expand(batch: list[int], tree: DraftTree) -> torch.Tensor:
             return logits[[tree.depths[n] for n in batch]]  # [B, Vd] children of depth d come from head d+1
 
-        proposal = grow_tree(logits[0], expand, state, limits, self.runtime.ids, self.runtime.vocab,
-                             self.worth_growing)
+        proposal = grow_tree(logits[0], expand, state, limits, self.runtime.ids, self.runtime.vocab)
         return self.finish(proposal)
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:

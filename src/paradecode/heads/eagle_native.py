@@ -5,9 +5,11 @@ norm, and the draft LM head (the target's rows of the draft vocabulary), with no
 ``Int8Forward`` runs exactly that when built so: ``fc`` as its input projection, the layer with an empty input
 norm, the draft rows as its LM head and an empty final norm. ``fc`` and ``down`` take their activations as int8
 plus an int8 residual row (``precise``, as the target's ``down`` and LM head do): ``fc`` reads the target's
-features, whose outlier channels leave one int8 scale per row too coarse for the rest. Keys and values live in
-a paged cache of the forward's own, one sequence owning every page in order, so a pair's slot is its logical
-slot; ``length`` counts the slots in use, as ``EagleCache.length`` does.
+features, whose outlier channels leave one int8 scale per row too coarse for the rest.
+
+``NativeEagleHead`` packs a head's weights once; each request gets a ``NativeEagleLayer`` over them with a paged
+KV cache of its own (one sequence owning every page in order, so a pair's slot is its logical slot), whose
+``length`` counts the slots in use, as ``EagleCache.length`` does.
 
 Drafts may differ slightly from the PyTorch head's (int8 activations, half-float keys and values); outputs do
 not: verification is the target's.
@@ -15,64 +17,58 @@ not: verification is the target's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from paradecode.backends.int8 import Int8Linear
 from paradecode.backends.int8_llama import PAGE
-from paradecode.heads.eagle import EagleHead, HeadShape
+from paradecode.heads.eagle import EagleHead
 
 
-@dataclass(frozen=True)
-class NativeEagleWeights:
-    """An EAGLE head's weights as the native forward takes them (``Int8Linear.parts()`` of each projection)."""
+class NativeEagleHead:
+    """``head`` (an fp32 ``EagleHead``) and its draft LM head rows ``lm_rows`` [Vd, D], quantized per output channel
+    and packed for ``module`` (the loaded native module, ``backends.native.load()``) once."""
 
-    shape: HeadShape
-    inv_freq: torch.Tensor  # [hd / 2] the head's RoPE frequencies
-    fc: tuple
-    qkv: tuple
-    o: tuple
-    gate_up: tuple
-    down: tuple
-    mlp_norm: torch.Tensor  # [D] the post-attention RMSNorm
-    lm: tuple  # the draft LM head: the target's rows of the draft vocabulary
-
-    @classmethod
-    def from_head(cls, head: EagleHead, lm_rows: torch.Tensor) -> "NativeEagleWeights":
-        """``head`` (fp32) and its draft LM head rows ``lm_rows`` [Vd, D], quantized per output channel."""
+    def __init__(self, module, head: EagleHead, lm_rows: torch.Tensor) -> None:
+        self.shape = s = head.shape
+        self.inv_freq = head.inv_freq.float()  # [hd / 2]
 
         def linear(*weights: torch.Tensor, precise: bool = False) -> tuple:
             return Int8Linear.from_float(torch.cat([w.detach().float() for w in weights]), precise=precise).parts()
 
-        return cls(head.shape, head.inv_freq.float(), linear(head.fc.weight, precise=True),
-                   linear(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight), linear(head.o_proj.weight),
-                   linear(head.gate_proj.weight, head.up_proj.weight), linear(head.down_proj.weight, precise=True),
-                   head.post_attention_layernorm.detach().float().contiguous(), linear(lm_rows))
+        no_norm = torch.empty(0)
+        values, keys_t, cos, sin = self._cache(PAGE)  # a placeholder: each layer brings its own (``layer``)
+        self.stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps,
+                                        torch.empty(0, s.hidden_size), no_norm, cos, sin, values, keys_t, PAGE)
+        self.stack.set_input(linear(head.fc.weight, precise=True))
+        self.stack.add_layer(no_norm, head.post_attention_layernorm.detach().float().contiguous(),
+                             linear(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight),
+                             linear(head.o_proj.weight), linear(head.gate_proj.weight, head.up_proj.weight),
+                             linear(head.down_proj.weight, precise=True), no_norm, no_norm)
+        self.stack.set_head(linear(lm_rows))
+
+    def _cache(self, slots: int) -> tuple[torch.Tensor, ...]:
+        """(values, keys_t, cos, sin) for ``slots`` pairs: the half-float cache in the forward's layout and the
+        rotate-half RoPE tables as the target's (backends/llama.py: cos [slots, hd], sin with its sign)."""
+        s = self.shape
+        values = torch.zeros(1, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
+        keys_t = torch.zeros(1, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
+        angles = torch.arange(slots, dtype=torch.float32)[:, None] * self.inv_freq[None]  # [slots, hd/2]
+        return values, keys_t, torch.cat((angles, angles), -1).cos(), torch.cat((-angles.sin(), angles.sin()), -1)
+
+    def layer(self, max_len: int) -> "NativeEagleLayer":
+        """The head's forward over a cache of ``max_len`` pairs of its own (the packed weights shared)."""
+        slots = -(-max_len // PAGE) * PAGE
+        values, keys_t, cos, sin = self._cache(slots)
+        return NativeEagleLayer(self.stack.with_cache(values, keys_t, cos, sin), (values, keys_t), slots)
 
 
 class NativeEagleLayer:
-    """A head's ``NativeEagleWeights`` as one native forward over a cache of ``max_len`` pairs of its own;
-    ``module``: the loaded native module (``backends.native.load()``)."""
+    """One request's head forward (``NativeEagleHead.layer``): ``stack`` over ``cache`` (values, keys_t) of
+    ``slots`` pairs."""
 
-    def __init__(self, module, weights: NativeEagleWeights, max_len: int) -> None:
-        s = weights.shape
-        slots = -(-max_len // PAGE) * PAGE
-        self.values = torch.zeros(1, s.num_kv_heads, slots, s.head_dim, dtype=torch.float16)
-        self.keys_t = torch.zeros(1, s.num_kv_heads, slots // 16, s.head_dim, 16, dtype=torch.float16)
+    def __init__(self, stack, cache: tuple[torch.Tensor, torch.Tensor], slots: int) -> None:
+        self.stack, self.cache, self.slots = stack, cache, slots  # (the cache tensors kept alive with the stack)
         self.pages = torch.arange(slots // PAGE, dtype=torch.int32)
-        angles = torch.arange(slots, dtype=torch.float32)[:, None] * weights.inv_freq[None]  # [slots, hd/2]
-        # rotate-half RoPE as the target's tables give it (backends/llama.py): cos [slots, hd], sin with its sign
-        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((-angles.sin(), angles.sin()), -1)
-        no_norm = torch.empty(0)
-        self.stack = module.Int8Forward(s.num_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps,
-                                        torch.empty(0, s.hidden_size), no_norm, cos, sin, self.values, self.keys_t,
-                                        PAGE)
-        self.stack.set_input(weights.fc)
-        self.stack.add_layer(no_norm, weights.mlp_norm, weights.qkv, weights.o, weights.gate_up, weights.down,
-                             no_norm, no_norm)
-        self.stack.set_head(weights.lm)
-        self.slots = slots
         self.length = 0  # slots in use: the pairs fed so far
 
     def __call__(self, pairs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,

@@ -42,18 +42,24 @@ class Int8Forward {
       : hq_(heads), hkv_(kv_heads), hd_(head_dim), eps_(eps), embed_(embed.contiguous()), norm_(norm.contiguous()),
         cos_(cos.contiguous()), sin_(sin.contiguous()), values_(values), keys_t_(keys_t),
         scale_(scale > 0 ? static_cast<float>(scale) : 1.f / std::sqrt(static_cast<float>(head_dim))), gelu_(gelu) {
-    TORCH_CHECK(values.is_contiguous() && values.scalar_type() == at::kHalf && values.dim() == 4 &&
-                    values.size(1) == kv_heads && values.size(3) == head_dim,
-                "values must be a contiguous float16 [layers, kv_heads, slots, head_dim]");
-    TORCH_CHECK(keys_t.is_contiguous() && keys_t.scalar_type() == at::kHalf && keys_t.dim() == 5 &&
-                    keys_t.size(2) * kLanes == values.size(2) && keys_t.size(3) == head_dim && keys_t.size(4) == kLanes,
-                "keys_t must be a contiguous float16 [layers, kv_heads, slots / 16, head_dim, 16]");
-    TORCH_CHECK(page >= kLanes && (page & (page - 1)) == 0 && values.size(2) % page == 0,
-                "the page size must be a power of two of at least 16 slots that divides the cache");
+    TORCH_CHECK(page >= kLanes && (page & (page - 1)) == 0, "the page size must be a power of two of at least 16");
     TORCH_CHECK(hq_ % hkv_ == 0, "query heads must be a multiple of kv heads");
     page_shift_ = 0;
     while ((int64_t{1} << page_shift_) < page) ++page_shift_;
+    check_cache();
     kernels_.fill(kOwn);
+  }
+
+  // The same weights (shared, not packed again) over another cache and RoPE tables: a second sequence's forward.
+  Int8Forward with_cache(at::Tensor values, at::Tensor keys_t, at::Tensor cos, at::Tensor sin) const {
+    Int8Forward other(*this);
+    other.values_ = values;
+    other.keys_t_ = keys_t;
+    other.cos_ = cos.contiguous();
+    other.sin_ = sin.contiguous();
+    other.check_cache();
+    other.clock_ = Clock();
+    return other;
   }
 
   // q_norm, k_norm: [head_dim] float32 weights of a per-head RMSNorm before RoPE (Qwen3), or empty tensors;
@@ -268,6 +274,23 @@ class Int8Forward {
     auto bias = parts[3].is_none() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(parts[3].cast<at::Tensor>());
     return make_projection(parts[0].cast<at::Tensor>(), parts[1].cast<at::Tensor>(), parts[2], bias,
                            parts[4].cast<bool>());
+  }
+
+  void check_cache() const {
+    TORCH_CHECK(values_.is_contiguous() && values_.scalar_type() == at::kHalf && values_.dim() == 4 &&
+                    values_.size(1) == hkv_ && values_.size(3) == hd_,
+                "values must be a contiguous float16 [layers, kv_heads, slots, head_dim]");
+    TORCH_CHECK(keys_t_.is_contiguous() && keys_t_.scalar_type() == at::kHalf && keys_t_.dim() == 5 &&
+                    keys_t_.size(2) * kLanes == values_.size(2) && keys_t_.size(3) == hd_ && keys_t_.size(4) == kLanes,
+                "keys_t must be a contiguous float16 [layers, kv_heads, slots / 16, head_dim, 16]");
+    TORCH_CHECK(values_.size(2) % (int64_t{1} << page_shift_) == 0, "the page size must divide the cache");
+    TORCH_CHECK(layers_.empty() || values_.size(0) >= static_cast<int64_t>(layers_.size()),
+                "the cache must hold every layer");
+    TORCH_CHECK(cos_.dim() == 2 && cos_.size(1) == hd_ && sin_.sizes() == cos_.sizes(),
+                "cos and sin must be [positions, head_dim]");
+    for (const Layer& layer : layers_)
+      TORCH_CHECK(layer.cos.numel() == 0 || layer.cos.size(0) == cos_.size(0),
+                  "a layer's own RoPE tables must cover the forward's positions");
   }
 
   LayerCache layer_cache(int64_t layer) const {
@@ -532,6 +555,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos") = py::none(), py::arg("sin") = py::none())
       .def("set_head", &Int8Forward::set_head)
       .def("set_input", &Int8Forward::set_input)
+      .def("with_cache", &Int8Forward::with_cache, py::arg("values"), py::arg("keys_t"), py::arg("cos"), py::arg("sin"))
       .def("kernels", &Int8Forward::kernels)
       .def("set_kernels", &Int8Forward::set_kernels)
       .def_static("isa", &Int8Forward::isa)

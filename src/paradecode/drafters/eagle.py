@@ -57,9 +57,9 @@ class EagleDrafter(HeadDrafter):
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
         room = state.target.max_length + max(self.options.budget, self.options.depth) + 1
-        native = self.runtime.native_layer(room) if self.kind == "eagle" else None
-        self.native = native  # the head's steps on the native int8 forward (heads/eagle_native.py), or None
-        self.cache = native if native is not None else EagleCache(self.module.shape, room)
+        # the head's steps on the native int8 forward (heads/eagle_native.py), or None: the PyTorch head's cache
+        self.native = self.runtime.native_layer(room)
+        self.cache = self.native if self.native is not None else EagleCache(self.module.shape, room)
         features = self.prompt_features(state)  # [P-1, D] f_0 .. f_{P-2} (EAGLE-3: [P-1, A*D])
         # pairs not fed to the head yet: fed in one pass by the next step that drafts, so a step that drafts
         # nothing (the cost schedule's choice when drafting does not pay) costs no head forward

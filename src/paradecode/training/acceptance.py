@@ -76,7 +76,7 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
     features = out.aux if out.aux is not None else out.hidden  # [context, W]
     head, cache = None, None
     masks = depth - 1 if kind == "parallel" else 0  # the parallel head drafts every depth in the one forward
-    native = runtime.native_layer(context + 2) if kind == "eagle" else None  # where the drafter runs its steps
+    native = runtime.native_layer(context + 2)  # where the drafter runs its steps (an EAGLE head's, natively)
     if native is not None:
         native(torch.cat((runtime.embed[ids[1 : context + 1]], features.float()), -1), None, None, last_logits=True)
         head = features[-1:].float()  # [1, D]

@@ -353,9 +353,8 @@ class AutoDrafter(Drafter):
         best other drafting arm rated above plain decoding (within the margins of the choice; so only where ``ar`` is
         an arm) that drafts now, if any; else it stays a plain step of the chosen arm (as it does in an arm's warm-up
         step, which measures that arm). Each arm's own schedule decided that its draft pays. The arm that drafted
-        nothing misses this step's verdict, and re-syncs as after any step another arm took. On Spec-Bench's
-        math_reasoning question 403 (AMD EPYC Zen 4, 2026-12-06) ``auto`` ran ``pld`` for all 128 steps of the answer,
-        drafting nothing in all but three, while ``ngram`` alone ran it 1.30x faster."""
+        nothing misses this step's verdict, and re-syncs as after any step another arm took (the case it was made
+        for: docs/specbench-65q-amd-1206/README.md)."""
         rates = dict(zip(self.active, self._favoured_rates()))
         plain = max((rates[other] for other in self.active if not self.arms[other].drafter.drafts), default=None)
         if plain is None:  # no plain decoding among the arms to say what a step is worth without a draft

@@ -282,6 +282,35 @@ def test_the_build_check_runs_every_kernel_and_the_4bit_projections(monkeypatch)
     assert len(calls) == 3  # qkv, o and gate_up of the 4-bit model
 
 
+def test_the_build_check_runs_an_eagle_heads_step(monkeypatch):
+    """The child's check covers the native EAGLE step too (heads/eagle_native.py): a forward through an input
+    projection, built with no norms, run on another cache with ``with_cache``."""
+    from types import SimpleNamespace
+
+    module = native.load()
+    calls = []
+
+    class Recording:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name):
+            method = getattr(self.inner, name)
+
+            def call(*args, **kwargs):
+                calls.append((name, "inputs" in kwargs))
+                out = method(*args, **kwargs)
+                return Recording(out) if name == "with_cache" else out
+            return call
+
+    proxy = SimpleNamespace(Int8Forward=lambda *args, **kwargs: Recording(module.Int8Forward(*args, **kwargs)))
+    monkeypatch.setattr(native, "_compile", lambda *args: proxy)
+    native.check("key", "unused", "unused")
+    names = [name for name, _ in calls]
+    assert "set_input" in names and "with_cache" in names
+    assert ("forward", True) in calls[names.index("with_cache"):]  # rows given as inputs, on the forked forward
+
+
 def test_a_build_baton_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path):
     """PyTorch's builder waits for its `lock` file to go away; a build killed mid-way leaves it behind, and the
     next load (here: a fresh process, as the next command would be) must clear it, not wait forever."""

@@ -102,7 +102,7 @@ def _compile(key: str, build_dir: Path, source: Path) -> ModuleType:
 
 def check(key: str, build_dir: str, source: str) -> None:
     """Build, then forwards of a random one-layer model (int8 projections, attention, LM head) on every kernel,
-    and of the same model with 4-bit projections (the q4 kernel)."""
+    of the same model with 4-bit projections (the q4 kernel), and of an EAGLE head's step."""
     from paradecode.backends import q4
 
     module = _compile(key, Path(build_dir), Path(source))
@@ -138,6 +138,23 @@ def check(key: str, build_dir: str, source: str) -> None:
             logits = forward.forward(torch.tensor([1, 2, 3]), torch.arange(3), [(pages, 0, 3, None)], [0], True)[1]
             if not torch.isfinite(logits).all():
                 raise SystemExit(f"the native forward returned non-finite logits with {label.format(kernel)}")
+    # an EAGLE head's step (heads/eagle_native.py): rows through an input projection, no input or final norm, on a
+    # forward sharing another's weights over a cache of its own
+    none = torch.empty(0)
+    head = module.Int8Forward(heads, kv, hd, 1e-5, torch.empty(0, d), none, torch.ones(slots, hd),
+                              torch.zeros(slots, hd), torch.zeros(1, kv, page, hd, dtype=torch.float16),
+                              torch.zeros(1, kv, page // 16, hd, 16, dtype=torch.float16), page)
+    head.set_input(projection(d, 2 * d, precise=True))
+    head.add_layer(none, torch.ones(d), projection((heads + 2 * kv) * hd, d), projection(d, heads * hd),
+                   projection(2 * inter, d), projection(d, inter, precise=True), none, none)
+    head.set_head(projection(vocab, d))
+    head = head.with_cache(torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
+                           torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), torch.ones(slots, hd),
+                           torch.zeros(slots, hd))
+    logits = head.forward(torch.empty(0, dtype=torch.long), None, [(pages, 0, 3, None)], [0], True,
+                          inputs=torch.randn(3, 2 * d))[1]
+    if not torch.isfinite(logits).all():
+        raise SystemExit("the native forward returned non-finite logits for an EAGLE head's step")
 
 
 def _build(key: str) -> ModuleType | None:

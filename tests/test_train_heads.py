@@ -293,3 +293,93 @@ def test_data_only_then_train_only_on_the_shards_saved_so_far(tmp_path, monkeypa
     with pytest.raises(ParadecodeError, match="holds no train-draft data"):
         train_draft_head("tiny", model_dir, prompts, tmp_path / "head2", tmp_path / "nothing", distill, train,
                          train_only=True, **common)
+
+
+def _exact_rows(data, count):
+    """The data's first answers with the hidden states the fp32 backend computes along them (not rounded to fp16
+    as stored), so a head's teacher-forced drafts are the ones it makes when decoding on that backend."""
+    backend = LlamaBackend.from_pretrained(data.model_dir)
+    rows = []
+    for row in data.rows[:count]:
+        backend.reset()
+        hidden = backend.forward(row["tokens"].long(), return_hidden=True).hidden
+        rows.append(dict(row, hidden=hidden))
+    return backend, rows
+
+
+def test_decode_walk_is_the_path_greedy_speculative_decoding_takes(data, tmp_path):
+    """The roots ``decode_walk`` drafts from along an answer are the ones the fp32 backend's decoding with the
+    same head (a fixed chain of 3) commits from, step for step, and its tokens per step are decoding's."""
+    from paradecode.config import GenerationConfig
+    from paradecode.engine import decode
+    from paradecode.registry import get_method
+    from paradecode.stats import DecodeStats
+    from paradecode.training.losses import decode_walk
+
+    config = TrainConfig(kind="eagle", epochs=3, batch_size=4, lr=1e-2, draft_vocab=0, depth=3, eval_depth=3,
+                         holdout=4, precision="fp32")
+    head, _ = train_head(data.rows, data.target, "tiny", tmp_path, config, log=lambda m: None, progress=False)
+    head = head.half().float()  # as saved
+    backend, rows = _exact_rows(data, 8)
+    vocab = draft_vocab(data.rows, 48, 0)
+    with torch.no_grad():
+        _, hits = eagle_loss(head, data.target.embed, data.target.lm_head[vocab.ids], vocab, make_batch(rows), 3)
+    on_path, steps, tokens = decode_walk(hits, "eagle", make_batch(rows))
+    context = SimpleNamespace(model_dir=data.model_dir, name="tiny")
+    decoded_steps = decoded_tokens = accepted = 0
+    for b, row in enumerate(rows):
+        drafter = get_method("eagle").create({"head": str(tmp_path), "schedule": "fixed", "depth": 3,
+                                              "head_dtype": "fp32"}, context)
+        stats = DecodeStats()
+        prompt = row["tokens"][: row["prompt_len"]].tolist()
+        answer = len(row["tokens"]) - row["prompt_len"]
+        backend.reset()
+        list(decode(backend, drafter, prompt, GenerationConfig(max_new_tokens=answer), stats=stats))
+        roots, root = [], row["prompt_len"] - 1
+        for step in stats.steps:
+            roots.append(root)
+            root += step.accepted_len + 1
+            accepted += step.accepted_len
+        assert roots == torch.nonzero(on_path[0, b]).flatten().tolist()
+        decoded_steps, decoded_tokens = decoded_steps + len(stats.steps), decoded_tokens + answer
+    assert (steps, tokens) == (decoded_steps, decoded_tokens) and accepted > 0  # a head that drafts something right
+
+
+def test_on_policy_weights_off_the_path_as_much_as_on_it_is_the_plain_loss(data):
+    torch.manual_seed(3)
+    vocab = draft_vocab(data.rows, 48, 40)
+    batch = make_batch(data.rows[:8])
+    for kind, loss in LOSSES.items():
+        head = build_head(kind, HeadShape.from_target_config(data.target.config), 3)
+        with torch.no_grad():
+            plain, _ = loss(head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch, 3)
+            even, _ = loss(head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch, 3, on_policy=1.0)
+            only, _ = loss(head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch, 3, on_policy=0.0)
+        torch.testing.assert_close(even, plain)
+        assert abs(float(only) - float(plain)) > 1e-4  # the path's drafts alone weigh differently
+
+
+def test_on_policy_fine_tuning_lowers_the_loss_on_the_decoding_path(data, tmp_path):
+    """``--on-policy`` needs a trained head; fine-tuning one lowers its loss on the drafts decoding makes (the
+    on-policy loss with nothing off the path) more than plain fine-tuning with the same steps does, and the
+    saved history reports greedy decoding's tokens per step."""
+    from paradecode.training.losses import eagle_loss as loss
+
+    config = TrainConfig(kind="eagle", epochs=2, batch_size=4, lr=1e-2, draft_vocab=40, depth=2, eval_depth=2,
+                         holdout=4, precision="fp32")
+    train_head(data.rows, data.target, "tiny", tmp_path / "first", config, log=lambda m: None, progress=False)
+    with pytest.raises(ParadecodeError, match="--init"):
+        dataclasses.replace(config, on_policy=True)
+    vocab = draft_vocab(data.rows, 48, 40)
+    batch = make_batch(data.rows[:16])
+    path_loss = {}
+    for on_policy in (False, True):
+        tuned = dataclasses.replace(config, epochs=2, lr=3e-3, init=str(tmp_path / "first"), on_policy=on_policy)
+        head, saved = train_head(data.rows, data.target, "tiny", tmp_path / f"tuned-{on_policy}", tuned,
+                                 log=lambda m: None, progress=False)
+        assert saved["training"]["config"]["on_policy"] is on_policy
+        assert all(1.0 <= h["tau_decode"] <= 3.0 for h in saved["training"]["history"])
+        with torch.no_grad():
+            path_loss[on_policy] = float(loss(head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch,
+                                              2, on_policy=0.0)[0])
+    assert path_loss[True] < path_loss[False]

@@ -81,6 +81,10 @@ def add_commands(commands) -> None:
     train.add_argument("--init", default="", type=folder_to_read("--init"),
                        help="start from this head folder (same kind and target) instead of a fresh head, e.g. "
                             "to go on training with more data")
+    train.add_argument("--on-policy", action="store_true",
+                       help="with --init: fine-tune the head on the drafts greedy speculative decoding with it "
+                            "makes along the answers (the roots its chains reach, the depths verification checks, "
+                            "where it fails), the other drafts weighted 0.1 (Draft-OPD's on-policy data)")
     train.add_argument("--labels", choices=("hard", "soft"), default="hard",
                        help="train against the token the target chose (hard, default: the higher greedy "
                             "acceptance in docs/heads.md) or its distribution over the draft vocabulary (soft)")
@@ -175,14 +179,14 @@ def run_train(args: argparse.Namespace) -> int:
         raise ParadecodeError(f"{args.kind} heads train on hard labels only: drop --labels soft.")
     if args.init and not (Path(args.init) / "config.json").is_file():
         raise ParadecodeError(f"--init {args.init} is not a head folder (it needs config.json and head.safetensors).")
+    train = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
+                        soft_labels=args.labels == "soft", precision=args.precision, init=args.init,
+                        aux_layers=aux_layers, on_policy=args.on_policy)
     prompt_sets = [(source, read_prompts(source, count)) for source, count in zip(sources, counts)]
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     model_dir, _ = resolve(args.model, args.cache_dir)
-    train = TrainConfig(kind=args.kind, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                        draft_vocab=args.draft_vocab, depth=args.depth, medusa_heads=args.medusa_heads,
-                        soft_labels=args.labels == "soft", precision=args.precision, init=args.init,
-                        aux_layers=aux_layers)
     info = dict(command="paradecode " + " ".join(shlex.quote(a) for a in sys.argv[1:]), prompts=args.prompts)
     saved = train_draft_head(args.model, model_dir, prompt_sets, out, Path(args.data) if args.data else out / "data",
                              DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher,

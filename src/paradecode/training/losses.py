@@ -118,13 +118,15 @@ def eagle_passes(head: EagleHead | Eagle3Head | ParallelHead, embed: torch.Tenso
 
 
 def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int, regression: float = 1.0,
-               decay: float = 0.8, soft: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+               decay: float = 0.8, soft: bool = False,
+               on_policy: float | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Loss over passes 1..depth, and per pass (correct [B, T] bool, valid [B, T] bool) for acceptance.
     ``soft``: KL divergence from the target's whole distribution over the draft vocabulary (its LM head on the
     recorded feature, as EAGLE trains), else cross-entropy against the token it chose (``_token_loss``).
     EAGLE-3 (``head.predicts_features`` False): tokens only, hard labels (its batch holds aux features, not
-    the last hidden state the soft labels and the feature regression need)."""
-    total, hits = 0.0, []
+    the last hidden state the soft labels and the feature regression need). ``on_policy``: weigh the drafts
+    as ``decode_weights`` does, with this weight off the decoding path (None: every draft weighs the same)."""
+    terms, hits = [], []
     if not head.predicts_features:
         if soft:
             raise ValueError("EAGLE-3 heads train on hard labels only")
@@ -135,18 +137,20 @@ def eagle_loss(head, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int
         real = _valid(batch, k, offset=2 - k)  # root r = i - k + 2, label r + k = i + 2
         valid = real & (labels >= 0)  # and the label is in the draft vocabulary
         logits = head.draft_logits(out[valid], lm_rows)  # [n, Vd]
-        ce = _token_loss(logits, labels[valid], target_features[valid], lm_rows, soft) if valid.any() else out.sum() * 0
-        reg = F.smooth_l1_loss(out[valid], target_features[valid]) if regression and valid.any() else 0.0
-        total = total + decay ** (k - 1) * (ce + regression * reg)
+        per = _token_loss(logits, labels[valid], target_features[valid], lm_rows, soft)  # [n]
+        if regression:
+            per = per + regression * F.smooth_l1_loss(out[valid], target_features[valid], reduction="none").mean(-1)
+        terms.append((per, valid, out))
         correct = torch.zeros_like(valid)
         correct[valid] = logits.argmax(-1) == labels[valid]
         hits.append((correct, real))  # a label outside the draft vocabulary counts as a miss
-    return total, hits
+    return _reduce(terms, hits, "eagle", batch, decay, on_policy), hits
 
 
 def medusa_loss(heads: MedusaHeads, embed, lm_rows, vocab: DraftVocab, batch: Batch, depth: int = 0,
-                decay: float = 0.8, soft: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    total, hits = 0.0, []
+                decay: float = 0.8, soft: bool = False,
+                on_policy: float | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    terms, hits = [], []
     outputs = heads(batch.hidden)  # [K, B, T, D]
     for k in range(1, heads.num_heads + 1):
         labels = _labels(batch, vocab, 1 + k)  # t_{i+1+k}
@@ -154,32 +158,89 @@ def medusa_loss(heads: MedusaHeads, embed, lm_rows, vocab: DraftVocab, batch: Ba
         real = _valid(batch, k, offset=1)  # root r = i + 1
         valid = real & (labels >= 0)
         logits = outputs[k - 1][valid] @ lm_rows.t()  # [n, Vd]
-        ce = _token_loss(logits, labels[valid], features[valid], lm_rows, soft) if valid.any() else outputs.sum() * 0
-        total = total + decay ** (k - 1) * ce
+        terms.append((_token_loss(logits, labels[valid], features[valid], lm_rows, soft), valid, outputs))
         correct = torch.zeros_like(valid)
         correct[valid] = logits.argmax(-1) == labels[valid]
         hits.append((correct, real))
-    return total, hits
+    return _reduce(terms, hits, "medusa", batch, decay, on_policy), hits
+
+
+def _reduce(terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], hits, kind: str, batch: Batch,
+            decay: float, on_policy: float | None) -> torch.Tensor:
+    """The sum over depths k of decay^(k-1) x the mean of depth k's per-draft losses (``terms``: the losses [n],
+    where they sit [B, T] and an output to keep the graph when n is 0), weighted by ``decode_weights`` when
+    ``on_policy`` is a weight."""
+    weights = None if on_policy is None else decode_weights(hits, kind, batch, on_policy)
+    total = 0.0
+    for k, (per, valid, out) in enumerate(terms, start=1):
+        if not valid.any():
+            term = out.sum() * 0
+        elif weights is None:
+            term = per.mean()
+        else:
+            w = weights[k - 1][valid]
+            term = (per * w).sum() / w.sum().clamp_min(1e-6)
+        total = total + decay ** (k - 1) * term
+    return total
+
+
+def decode_weights(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str, batch: Batch,
+                   off_path: float) -> list[torch.Tensor]:
+    """On-policy weights of each depth's drafts (per depth, [B, T] at the drafts' positions): 1 where greedy
+    speculative decoding with this head would draft and verify it (``decode_walk``), ``off_path`` elsewhere.
+    Training on those drafts (Draft-OPD's on-policy data: where the head's own chains run and where
+    verification rejects them) spends the updates where the decoder uses the head."""
+    on_path, _, _ = decode_walk(hits, kind, batch)
+    return [off_path + (1.0 - off_path) * _shift(on_path[k], -shift) for k, shift in enumerate(_root_shifts(hits, kind))]
+
+
+def decode_walk(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str, batch: Batch) -> tuple[torch.Tensor, int, int]:
+    """Greedy speculative decoding along the batch's answers with chains of ``len(hits)`` drafts: from the first
+    root (the last prompt token) it keeps the ``a`` drafts right in a row and goes on from root r + a + 1 (the
+    target's own next token), so only those roots are drafted from, and of their chains only depths 1..a + 1
+    are verified. Returns (on_path [K, B, T] by root: 1 for the verified drafts, the steps, the answer tokens
+    they committed). ``hits`` are the (correct, valid) pairs the losses return: a greedy chain is right at depth k
+    exactly when its teacher-forced drafts at depths 1..k are, as their inputs are then the target's tokens."""
+    shifts = _root_shifts(hits, kind)
+    alive, accepted = None, torch.zeros_like(hits[0][0], dtype=torch.long)
+    for (correct, _), shift in zip(hits, shifts):
+        right = _shift(correct, shift)
+        alive = right if alive is None else alive & right
+        accepted += alive
+    first = _shift(hits[0][1], shifts[0])  # [B, T] roots with a depth-1 label
+    on_path, steps, tokens = torch.zeros(len(hits), *accepted.shape), 0, 0
+    for b in range(accepted.shape[0]):
+        counts, roots = accepted[b].tolist(), first[b].tolist()
+        r, end = int(batch.prompt_lens[b]) - 1, int(batch.lengths[b]) - 1  # (end: the answer's last position)
+        while 0 <= r < len(roots) and roots[r]:
+            on_path[: counts[r] + 1, b, r] = 1.0  # depths 1..a + 1 (at most the chain)
+            steps, tokens = steps + 1, tokens + min(counts[r] + 1, end - r)  # (the answer may end first)
+            r += counts[r] + 1
+    return on_path, steps, tokens
+
+
+def _root_shifts(hits: list, kind: str) -> list[int]:
+    """Per depth k: the position of root r's depth-k draft minus r (EAGLE's pass k at i has root i - k + 2,
+    Medusa's head k at i root i + 1)."""
+    return [-1 if kind == "medusa" else k - 2 for k in range(1, len(hits) + 1)]
 
 
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor, features: torch.Tensor, lm_rows: torch.Tensor,
                 soft: bool) -> torch.Tensor:
-    """Cross-entropy of draft ``logits`` [n, Vd] against the chosen ``labels`` [n], or (``soft``) the KL divergence
-    from the target's distribution (its LM head on the recorded ``features`` [n, D], over the draft
-    vocabulary): the cross-entropy's gradient, with 0 for a perfect draft."""
+    """Per draft [n]: the cross-entropy of draft ``logits`` [n, Vd] against the chosen ``labels`` [n], or
+    (``soft``) the KL divergence from the target's distribution (its LM head on the recorded ``features`` [n, D],
+    over the draft vocabulary): the cross-entropy's gradient, with 0 for a perfect draft."""
     if not soft:
-        return F.cross_entropy(logits, labels)
+        return F.cross_entropy(logits, labels, reduction="none")
     with torch.no_grad():
         target = (features.float() @ lm_rows.float().t()).log_softmax(-1)  # [n, Vd]
-    return F.kl_div(logits.float().log_softmax(-1), target, reduction="batchmean", log_target=True)
+    return F.kl_div(logits.float().log_softmax(-1), target, reduction="none", log_target=True).sum(-1)
 
 
 def chain_acceptance(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> list[tuple[float, float]]:
-    """Per depth k: (hits, roots) of a greedy chain drafted from each root being right at depths 1..k.
-    Positions are re-aligned to roots: EAGLE's pass k at i has root i - k + 2, Medusa's head k at i root i + 1."""
+    """Per depth k: (hits, roots) of a greedy chain drafted from each root being right at depths 1..k."""
     out, alive = [], None
-    for k, (correct, valid) in enumerate(hits, start=1):
-        shift = -1 if kind == "medusa" else k - 2  # position of root r's depth-k draft is r + shift
+    for (correct, valid), shift in zip(hits, _root_shifts(hits, kind)):
         c = _shift(correct, shift)
         v = _shift(valid, shift)
         alive = c if alive is None else alive & c

@@ -19,8 +19,8 @@ import torch
 from paradecode.errors import ParadecodeError
 from paradecode.heads.eagle import HeadShape
 from paradecode.heads.store import AUX_KINDS, TargetWeights, build_head, head_config, save_head
-from paradecode.training.losses import (DraftVocab, chain_acceptance, draft_vocab, eagle_loss, make_batch,
-                                        medusa_loss)
+from paradecode.training.losses import (DraftVocab, chain_acceptance, decode_walk, draft_vocab, eagle_loss,
+                                        make_batch, medusa_loss)
 
 LOSSES = {"eagle": eagle_loss, "eagle3": eagle_loss, "parallel": eagle_loss, "medusa": medusa_loss}
 
@@ -40,9 +40,16 @@ class TrainConfig:
     soft_labels: bool = False  # True: KL to the target's distribution over the draft vocabulary; False: CE on its token
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 weights) | auto: bf16 where it measures faster
     init: str = ""  # a head folder to start from (same kind and target), e.g. to go on training with more data
+    on_policy: bool = False  # weigh the drafts greedy decoding with the head makes (``losses.decode_weights``)
+    off_path_weight: float = 0.1  # on_policy: the other drafts' weight (they keep a share: the path moves as it learns)
     holdout: int = 32  # sequences kept out of training for the acceptance estimate
     checkpoint_every: int = 40  # steps
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_policy and not self.init:
+            raise ParadecodeError("on-policy training fine-tunes a trained head (the path its drafts take through "
+                                  "the answers): pass --init HEAD_FOLDER, a head trained without --on-policy.")
 
 
 def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: Path, config: TrainConfig,
@@ -98,8 +105,10 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
             log(f"resuming at epoch {state['epoch'] + 1}, step {state['step']}")
         else:
             log("checkpoint from a different configuration or data set: starting over")
-    loss_fn = (functools.partial(medusa_loss, soft=config.soft_labels) if config.kind == "medusa" else
-               functools.partial(eagle_loss, regression=config.feature_loss, soft=config.soft_labels))
+    on_policy = config.off_path_weight if config.on_policy else None
+    loss_fn = (functools.partial(medusa_loss, soft=config.soft_labels, on_policy=on_policy) if config.kind == "medusa"
+               else functools.partial(eagle_loss, regression=config.feature_loss, soft=config.soft_labels,
+                                      on_policy=on_policy))
     autocast = autocast_dtype(config.precision, target.config["hidden_size"], target.config["intermediate_size"])
     log(f"training in {'bf16 autocast' if autocast else 'fp32'}")
     depth = 0 if config.kind == "medusa" else config.depth
@@ -145,7 +154,8 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
         save_head(out, head, saved_config, vocab.ids if config.draft_vocab else None)
         save_checkpoint()
         log(f"epoch {epoch + 1}: loss {loss.item():.3f}, held-out acceptance by depth "
-            f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}")
+            f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}, "
+            f"greedy decoding's tokens/step {accept['tau_decode']:.2f}")
     if not saved_config:  # every epoch was done before: the head on disk is the result
         saved_config = json.loads((out / "config.json").read_text())
     elif config.draft_vocab and config.kind not in AUX_KINDS:  # (eagle3, parallel: their own LM head's rows)
@@ -211,15 +221,19 @@ def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict]
 def evaluate(head, target: TargetWeights, lm_rows, vocab, rows: list[dict], config: TrainConfig,
              batch_size: int = 8, features=None) -> dict:
     """Held-out greedy chain acceptance: per depth k, the share of roots whose draft is right at depths 1..k,
-    and the tokens per step a chain of that length would give (1 + the sum of those shares)."""
+    the tokens per step a chain of that length would give from any root (1 + the sum of those shares), and the
+    tokens per step greedy speculative decoding with such chains makes along the answers (``decode_walk``:
+    only the roots decoding reaches)."""
     head.eval()
     depth = config.medusa_heads if config.kind == "medusa" else config.eval_depth
-    totals = None
+    totals, steps, tokens = None, 0, 0
     for first in range(0, len(rows), batch_size):
         batch = make_batch(rows[first : first + batch_size], features)
         _, hits = LOSSES[config.kind](head, target.embed, lm_rows, vocab, batch, depth)
         counts = chain_acceptance(hits, config.kind)
         totals = counts if totals is None else [(a + c, b + d) for (a, b), (c, d) in zip(totals, counts)]
+        _, walked, committed = decode_walk(hits, config.kind, batch)
+        steps, tokens = steps + walked, tokens + committed
     head.train()
     shares = [hit / max(roots, 1.0) for hit, roots in totals or []]
-    return dict(acceptance=shares, tau_chain=1.0 + sum(shares))
+    return dict(acceptance=shares, tau_chain=1.0 + sum(shares), tau_decode=tokens / max(steps, 1))

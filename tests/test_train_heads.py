@@ -383,3 +383,25 @@ def test_on_policy_fine_tuning_lowers_the_loss_on_the_decoding_path(data, tmp_pa
             path_loss[on_policy] = float(loss(head, data.target.embed, data.target.lm_head[vocab.ids], vocab, batch,
                                               2, on_policy=0.0)[0])
     assert path_loss[True] < path_loss[False]
+
+
+def test_kept_features_are_read_back_instead_of_recomputed(tmp_path):
+    """``--keep-features``: a row's features are written once per layer set and read back by a later run (which
+    then never loads the target), equal to the computed ones rounded to half floats."""
+    from paradecode.training.features import TargetFeatures
+
+    model_dir = tiny_model_dir(tmp_path / "target", seed=5)
+    rows = [dict(tokens=torch.tensor(t, dtype=torch.int32), prompt_len=2) for t in ([3, 4, 5, 6], [7, 8, 9])]
+    plain = TargetFeatures(model_dir, str(tmp_path / "cache"))
+    first = TargetFeatures(model_dir, str(tmp_path / "cache"), store=tmp_path / "features")
+    for layers in ((), (0, 1)):
+        computed = plain(rows, layers)
+        kept = first(rows, layers)
+        for c, k in zip(computed, kept):
+            torch.testing.assert_close(k, c.half().float(), rtol=0, atol=0)
+    assert len(list((tmp_path / "features").rglob("*.pt"))) == 4  # two rows x two layer sets
+    later = TargetFeatures(None, store=tmp_path / "features")  # no model: it could not compute anything
+    for layers in ((), (0, 1)):
+        for k, again in zip(first(rows, layers), later(rows, layers)):
+            torch.testing.assert_close(again, k, rtol=0, atol=0)
+    assert later.model is None

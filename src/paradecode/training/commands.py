@@ -61,6 +61,11 @@ def add_commands(commands) -> None:
     train.add_argument("--tokens-only", action="store_true",
                        help="store the answers' token ids only, not their hidden states (~0.3 MB per answer "
                             "fewer); the features are computed from the tokens when a head trains")
+    train.add_argument("--keep-features", action="store_true",
+                       help="with --tokens-only data: keep the target's features computed for training in "
+                            "DATA/features (half floats, ~1.2 KB per token for eagle/medusa, three times that for "
+                            "eagle3/parallel), so later epochs and later runs on the same data (also runs side by "
+                            "side) read them instead of running the target again (half of a training step)")
     train.add_argument("--data-only", action="store_true",
                        help="answer the prompts into --data and stop (train later with the same --prompts)")
     train.add_argument("--train-only", action="store_true",
@@ -192,7 +197,8 @@ def run_train(args: argparse.Namespace) -> int:
                              DistillConfig(args.max_new_tokens, args.gen_batch_size, teacher=args.teacher,
                                            hidden=not args.tokens_only, shard_size=args.shard_size), train,
                              workers=args.workers, cache_dir=args.cache_dir, log=_log, progress=not args.no_progress,
-                             info=info, data_only=args.data_only, train_only=args.train_only)
+                             info=info, data_only=args.data_only, train_only=args.train_only,
+                             keep_features=args.keep_features)
     if args.data_only:
         _log(f"answers saved in {args.data or out / 'data'}; train on them with the same command without --data-only")
         return 0

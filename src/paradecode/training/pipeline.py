@@ -19,12 +19,13 @@ from paradecode.training.trainer import TrainConfig, train_head
 def train_draft_head(model: str, model_dir: Path, prompt_sets: list[tuple[str, list[str]]], out: Path, data: Path,
                      distill: DistillConfig, train: TrainConfig, *, workers: int = 1, cache_dir: str | None = None,
                      log: Callable[[str], None] = print, progress: bool = True, info: dict | None = None,
-                     data_only: bool = False, train_only: bool = False) -> dict | None:
+                     data_only: bool = False, train_only: bool = False, keep_features: bool = False) -> dict | None:
     """Answer each (source, prompts) set into ``data`` (one subfolder per source when there are several, so a
     source can grow without touching the others), then train the head into ``out``; returns what
     ``train_head`` saved (its config, with the training history). ``info`` goes into the saved config.
     ``data_only``: stop after the data; ``train_only``: answer nothing, train on the shards saved so far (of a
-    data run still going, or stopped)."""
+    data run still going, or stopped). ``keep_features``: the target's features computed for training are kept
+    under ``data``/features and read back by later epochs and runs (``TargetFeatures``)."""
     started = time.perf_counter()
     shards = []
     for source, prompts in prompt_sets:
@@ -43,5 +44,6 @@ def train_draft_head(model: str, model_dir: Path, prompt_sets: list[tuple[str, l
     log(f"data: {len(rows)} answers, {answer_tokens} answer tokens (this run spent {data_seconds:.0f} s on it)")
     info = dict(info or {}, answers=len(rows), answer_tokens=answer_tokens)
     _, saved = train_head(rows, target_weights(str(model_dir)), model, out, train, log=log, progress=progress,
-                          training_info=info, features=TargetFeatures(model_dir, cache_dir))
+                          training_info=info, features=TargetFeatures(model_dir, cache_dir,
+                                                                     store=data / "features" if keep_features else None))
     return saved

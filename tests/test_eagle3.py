@@ -235,7 +235,9 @@ def test_teacher_forced_acceptance_ranks_a_trained_head_above_a_fresh_one(traine
         assert len(shares) == 3 and all(0 <= b <= a <= 1 for a, b in zip(shares, shares[1:]))
         assert r["tau_chain"] == pytest.approx(1 + sum(shares))
         assert r["draft_step_ms"] > 0 and r["target_forward_ms"] > 0 and r["ratio"] > 0
+        assert [1.0 <= t <= length + 1 for length, t in enumerate(r["tau_decode"], 1)] == [True] * 3
     assert results[0]["acceptance"][0] > results[1]["acceptance"][0] + 0.2
+    assert results[0]["tau_decode"][-1] > results[1]["tau_decode"][-1] + 0.2  # decoding gains what it accepts
 
 
 def test_eval_draft_refuses_a_folder_that_is_not_a_head(tmp_path, capsys):

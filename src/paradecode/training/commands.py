@@ -120,7 +120,9 @@ def add_commands(commands) -> None:
         "eval-draft", help="teacher-forced acceptance of draft heads on the benchmark's answers",
         description="The target answers the benchmark's first turns (greedy); each head then drafts a greedy "
                     "chain from every root of those answers on the target's true features: the share of roots "
-                    "right at depths 1..k and the tokens per step a chain of that length would give.")
+                    "right at depths 1..k, the tokens per step a chain of that length would give from any root, "
+                    "and the tokens per step greedy decoding with chains of 1..depth makes along the answers "
+                    "(only the roots it reaches).")
     accept.add_argument("--head", required=True, action="append", type=folder_to_read("--head"),
                         help="head folder written by train-draft (repeat for several)")
     accept.add_argument("--model", "-m", default=DEFAULT_MODEL, type=model_name("--model"),
@@ -249,11 +251,11 @@ def run_eval(args: argparse.Namespace) -> int:
                              log=_log)
     print(f"teacher-forced chain acceptance on {len(questions)} questions' answers ({Path(path).name})")
     print("head | kind | " + " | ".join(f"depth {k}" for k in range(1, args.depth + 1)) +
-          " | tau (chain) | draft step ms (tokens) | target forward ms | ratio")
+          " | tau (chain) | tau decoding, chains of 1..depth | draft step ms (tokens) | target forward ms | ratio")
     for r in results:
         print(f"{r['head']} | {r['kind']} | " + " | ".join(f"{a:.3f}" for a in r["acceptance"]) +
-              f" | {r['tau_chain']:.2f} | {r['draft_step_ms']:.2f} ({r['draft_tokens']}) | {r['target_forward_ms']:.2f}"
-              f" | {r['ratio']:.2f}")
+              f" | {r['tau_chain']:.2f} | {' '.join(f'{t:.2f}' for t in r['tau_decode'])}"
+              f" | {r['draft_step_ms']:.2f} ({r['draft_tokens']}) | {r['target_forward_ms']:.2f} | {r['ratio']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(questions=len(questions), results=results), indent=1) + "\n")
     return 0

@@ -155,7 +155,7 @@ def train_head(rows: list[dict], target: TargetWeights, target_name: str, out: P
         save_checkpoint()
         log(f"epoch {epoch + 1}: loss {loss.item():.3f}, held-out acceptance by depth "
             f"{[round(a, 3) for a in accept['acceptance']]}, estimated tokens/step {accept['tau_chain']:.2f}, "
-            f"greedy decoding's tokens/step {accept['tau_decode']:.2f}")
+            f"greedy decoding's tokens/step by chain length {[round(t, 2) for t in accept['tau_decode']]}")
     if not saved_config:  # every epoch was done before: the head on disk is the result
         saved_config = json.loads((out / "config.json").read_text())
     elif config.draft_vocab and config.kind not in AUX_KINDS:  # (eagle3, parallel: their own LM head's rows)
@@ -221,19 +221,21 @@ def vocab_sweep(head, target: TargetWeights, vocab: DraftVocab, rows: list[dict]
 def evaluate(head, target: TargetWeights, lm_rows, vocab, rows: list[dict], config: TrainConfig,
              batch_size: int = 8, features=None) -> dict:
     """Held-out greedy chain acceptance: per depth k, the share of roots whose draft is right at depths 1..k,
-    the tokens per step a chain of that length would give from any root (1 + the sum of those shares), and the
-    tokens per step greedy speculative decoding with such chains makes along the answers (``decode_walk``:
-    only the roots decoding reaches)."""
+    the tokens per step a chain of that length would give from any root (1 + the sum of those shares), and,
+    per chain length 1..depth, the tokens per step greedy speculative decoding with such chains makes along
+    the answers (``decode_walk``: only the roots decoding reaches)."""
     head.eval()
     depth = config.medusa_heads if config.kind == "medusa" else config.eval_depth
-    totals, steps, tokens = None, 0, 0
+    totals, walks = None, [[0, 0] for _ in range(depth)]  # per chain length: steps, tokens
     for first in range(0, len(rows), batch_size):
         batch = make_batch(rows[first : first + batch_size], features)
         _, hits = LOSSES[config.kind](head, target.embed, lm_rows, vocab, batch, depth)
         counts = chain_acceptance(hits, config.kind)
         totals = counts if totals is None else [(a + c, b + d) for (a, b), (c, d) in zip(totals, counts)]
-        _, walked, committed = decode_walk(hits, config.kind, batch)
-        steps, tokens = steps + walked, tokens + committed
+        for length, walk in enumerate(walks, start=1):
+            _, steps, tokens = decode_walk(hits[:length], config.kind, batch)
+            walk[0], walk[1] = walk[0] + steps, walk[1] + tokens
     head.train()
     shares = [hit / max(roots, 1.0) for hit, roots in totals or []]
-    return dict(acceptance=shares, tau_chain=1.0 + sum(shares), tau_decode=tokens / max(steps, 1))
+    return dict(acceptance=shares, tau_chain=1.0 + sum(shares),
+                tau_decode=[tokens / max(steps, 1) for steps, tokens in walks])

@@ -5,6 +5,7 @@ refused clearly, and the EAGLE export has the serving engines' layout and comput
 
 import dataclasses
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -288,8 +289,10 @@ def test_data_only_then_train_only_on_the_shards_saved_so_far(tmp_path, monkeypa
     assert not (tmp_path / "head" / "head.safetensors").exists()
     (tmp_path / "data" / "shard-00001.pt").unlink()  # as if stopped before it
     saved = train_draft_head("tiny", model_dir, prompts, tmp_path / "head", tmp_path / "data", distill, train,
-                             train_only=True, **common)
+                             train_only=True, keep_features=True, **common)
     assert saved["training"]["answers"] == 8 and not (tmp_path / "data" / "shard-00001.pt").exists()
+    kept = list((tmp_path / "data" / "features" / Path(model_dir).name / "last").rglob("*.pt"))
+    assert len(kept) == 8  # every answer's features, kept for the next epoch or run
     with pytest.raises(ParadecodeError, match="holds no train-draft data"):
         train_draft_head("tiny", model_dir, prompts, tmp_path / "head2", tmp_path / "nothing", distill, train,
                          train_only=True, **common)

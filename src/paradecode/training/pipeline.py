@@ -25,7 +25,8 @@ def train_draft_head(model: str, model_dir: Path, prompt_sets: list[tuple[str, l
     ``train_head`` saved (its config, with the training history). ``info`` goes into the saved config.
     ``data_only``: stop after the data; ``train_only``: answer nothing, train on the shards saved so far (of a
     data run still going, or stopped). ``keep_features``: the target's features computed for training are kept
-    under ``data``/features and read back by later epochs and runs (``TargetFeatures``)."""
+    under ``data``/features/<the target's folder name> and read back by later epochs and runs
+    (``TargetFeatures``)."""
     started = time.perf_counter()
     shards = []
     for source, prompts in prompt_sets:
@@ -43,7 +44,7 @@ def train_draft_head(model: str, model_dir: Path, prompt_sets: list[tuple[str, l
     answer_tokens = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
     log(f"data: {len(rows)} answers, {answer_tokens} answer tokens (this run spent {data_seconds:.0f} s on it)")
     info = dict(info or {}, answers=len(rows), answer_tokens=answer_tokens)
+    store = data / "features" / Path(model_dir).name if keep_features else None  # (features are the target's own)
     _, saved = train_head(rows, target_weights(str(model_dir)), model, out, train, log=log, progress=progress,
-                          training_info=info, features=TargetFeatures(model_dir, cache_dir,
-                                                                     store=data / "features" if keep_features else None))
+                          training_info=info, features=TargetFeatures(model_dir, cache_dir, store=store))
     return saved

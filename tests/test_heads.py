@@ -295,19 +295,21 @@ def test_a_parallel_draft_deeper_than_the_heads_mask_rows_is_refused_clearly():
     assert get_method("parallel").Options(depth=16).depth == 16
 
 
-def test_the_native_eagle_step_computes_the_heads_forward(setup):
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "parallel"])
+def test_the_native_eagle_step_computes_the_heads_forward(setup, kind):
     """The draft step on the native forward (heads/eagle_native.py) is the head's layer: its output features and
     draft logits follow the fp32 PyTorch head's on the same pairs, for a causal run of pairs and for two tree
     siblings at one position under a mask (int8 weights and activations, half-float keys and values: close, not
-    equal). A wrong RoPE table, a norm where the head has none or a mask read the wrong way fails it."""
+    equal). A wrong RoPE table, a norm where the head has none (EAGLE) or lacks one (EAGLE-3: its two input
+    norms, its final norm before the LM head but not on the output feature) or a mask read the wrong way fails it."""
     from paradecode.backends import native
     from paradecode.drafters.head_drafter import load_runtime
 
     if native.load() is None:
         pytest.skip("the native kernels are not built here")
-    runtime = load_runtime(str(setup.heads["eagle"].resolve()), "eagle", str(setup.model_dir.resolve()), 0, "int8")
+    runtime = load_runtime(str(setup.heads[kind].resolve()), kind, str(setup.model_dir.resolve()), 0, "int8")
     head, layer = runtime.head.module, runtime.native_layer(64)
-    assert layer is not None and load_runtime(str(setup.heads["eagle"].resolve()), "eagle",
+    assert layer is not None and load_runtime(str(setup.heads[kind].resolve()), kind,
                                               str(setup.model_dir.resolve()), 0, "fp32").native_layer(64) is None
     generator = torch.Generator().manual_seed(5)
     t, d = 9, head.shape.hidden_size
@@ -326,7 +328,8 @@ def test_the_native_eagle_step_computes_the_heads_forward(setup):
     out_tree, logits_tree = layer(torch.cat((embeds[t:], features[t:]), -1), positions[t:], mask)
     out, logits = torch.cat((out, out_tree)), torch.cat((logits, logits_tree))
     assert ((out - expected).norm(dim=-1) / expected.norm(dim=-1)).max() < 0.05
-    expected_logits = expected @ runtime.lm_rows.t()  # [T + 2, Vd]
+    with torch.no_grad():
+        expected_logits = head.draft_logits(expected, runtime.lm_rows)  # [T + 2, Vd]
     assert ((logits - expected_logits).norm(dim=-1) / expected_logits.norm(dim=-1)).max() < 0.05
     assert (logits.argmax(-1) == expected_logits.argmax(-1)).float().mean() >= 0.9
 

@@ -42,6 +42,7 @@ def check_tree_options(method: str, options) -> None:
 
 
 HEAD_DTYPES = ("int8", "fp32")
+NATIVE_KINDS = ("eagle", "eagle3", "parallel")  # heads whose draft step runs on the native forward (eagle_native.py)
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,10 @@ class HeadRuntime:
         return self.lm(rows).view(*features.shape[:-1], -1)
 
     def native_layer(self, max_len: int) -> "NativeEagleLayer | None":
-        """An EAGLE head's steps on the native int8 forward, with a cache of ``max_len`` pairs of their own; None
-        for an fp32 head, another kind, or without the native kernels (``backends.native.load``)."""
-        if self.dtype != "int8" or self.head.module.kind != "eagle":
+        """An EAGLE, EAGLE-3 or parallel head's steps on the native int8 forward, with a cache of ``max_len`` pairs
+        of their own; None for an fp32 head, a Medusa head, or without the native kernels
+        (``backends.native.load``)."""
+        if self.dtype != "int8" or self.head.module.kind not in NATIVE_KINDS:
             return None
         head = self._native_head
         return None if head is None else head.layer(max_len)
@@ -83,8 +85,8 @@ class HeadRuntime:
 def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_dtype: str = "fp32") -> HeadRuntime:
     """The head in ``folder`` with its target's pieces. ``head_dtype`` int8: its linear layers and the draft LM
     head run as PyTorch's dynamically quantized int8 linears (int8 weights, per-call int8 activations), or, for
-    an EAGLE head where the native kernels load, the whole draft step on the native int8 forward
-    (``native_layer``): a draft step reads a quarter of the bytes (drafting on a CPU is bound by reading weights)
+    an EAGLE, EAGLE-3 or parallel head where the native kernels load, the whole draft step on the native int8
+    forward (``native_layer``; EAGLE-3's ``fc`` stays PyTorch's, on the target's features): a draft step reads a quarter of the bytes (drafting on a CPU is bound by reading weights)
     and, natively, pays no per-op costs; proposals change slightly, outputs do not (verification is the
     target's)."""
     weights = target_weights(model_dir)

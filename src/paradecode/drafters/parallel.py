@@ -56,7 +56,7 @@ class ParallelDrafter(Eagle3Drafter):
 
     def begin(self, state: DecodeState) -> None:
         super().begin(state)
-        self.last_output: torch.Tensor | None = None  # [D] the last committed pair's output (depth 1's feature)
+        self.last_logits: torch.Tensor | None = None  # [Vd] the last committed pair's draft logits (depth 1)
         self.last_fused: torch.Tensor | None = None  # [D] its fused target feature (the mask rows' feature)
 
     @torch.inference_mode()
@@ -64,10 +64,10 @@ class ParallelDrafter(Eagle3Drafter):
         length = self.chain_length(state)
         o, runtime = self.options, self.runtime
         limits = tree_limits(o.tree, o.budget, o.branching, o.width, length, state)
-        if (not self.pending and self.last_output is None) or state.max_draft <= 0 or length <= 0 or limits.budget <= 0:
+        if (not self.pending and self.last_logits is None) or state.max_draft <= 0 or length <= 0 or limits.budget <= 0:
             self.drafted(0)
             return Proposal()
-        logits = runtime.draft_logits(self._forward(limits.depth - 1))  # [depth, Vd]
+        logits = self._forward(limits.depth - 1)  # [depth, Vd]
 
         def expand(batch: list[int], tree: DraftTree) -> torch.Tensor:
             return logits[[tree.depths[n] for n in batch]]  # [B, Vd] children of depth d come from row d
@@ -76,8 +76,8 @@ class ParallelDrafter(Eagle3Drafter):
         return self.finish(proposal)
 
     def _forward(self, masks: int) -> torch.Tensor:
-        """One head forward over the pending pairs and ``masks`` mask rows -> output features [1 + masks, D]:
-        the last pair's (depth 1), then each mask row's. The pairs stay in the cache, the mask rows do not."""
+        """One head forward over the pending pairs and ``masks`` mask rows -> draft logits [1 + masks, Vd]: the last
+        pair's (depth 1), then each mask row's. The pairs stay in the cache, the mask rows do not."""
         committed = self.cache.length
         tokens = [t for _, chunk in self.pending for t in chunk]
         pairs = len(tokens)
@@ -87,12 +87,16 @@ class ParallelDrafter(Eagle3Drafter):
         mask_embeds, mask_features = self.module.mask_rows(masks, self.last_fused)  # [M, D] each
         embeds = torch.cat((self.runtime.embed[torch.tensor(tokens, dtype=torch.long)], mask_embeds))
         features = torch.cat((fused, mask_features)) if pairs else mask_features
-        rows = pairs + masks
-        out, _ = self.module(embeds[None], features[None], torch.arange(committed, committed + rows)[None],
-                             causal_mask(committed, rows)[None], cache=self.cache)
+        rows, skip = pairs + masks, max(pairs - 1, 0)  # (logits from the last pair on)
+        if self.native is not None:
+            _, logits = self.native(torch.cat((embeds, features), dim=-1), None, None, skip=skip)
+        else:
+            out, _ = self.module(embeds[None], features[None], torch.arange(committed, committed + rows)[None],
+                                 causal_mask(committed, rows)[None], cache=self.cache)
+            logits = self.runtime.draft_logits(out[0, skip:])  # [rows - skip, Vd]
         self.draft_forward_passes += 1
         self.cache.length = committed + pairs  # keep the pairs, drop the mask rows
         self.pending = []
         if pairs:
-            self.last_output = out[0, pairs - 1]
-        return torch.cat((self.last_output[None], out[0, pairs:]))
+            self.last_logits, logits = logits[0], logits[1:]
+        return torch.cat((self.last_logits[None], logits))

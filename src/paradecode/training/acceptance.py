@@ -10,7 +10,7 @@ benchmark.
 
 The cost side: ``draft_step_seconds`` times one draft step of a head as it drafts (one pair through the head
 with its own cache, then its draft logits; a parallel head's pair comes with its mask rows; ``head_dtype`` int8
-by default, so an EAGLE head's step runs on the native forward where the drafter runs it) against a one-token
+by default, so an EAGLE, EAGLE-3 or parallel head's step runs on the native forward where the drafter runs it) against a one-token
 forward of the target, both at the same context length, interleaved, medians.
 """
 
@@ -76,10 +76,14 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
     features = out.aux if out.aux is not None else out.hidden  # [context, W]
     head, cache = None, None
     masks = depth - 1 if kind == "parallel" else 0  # the parallel head drafts every depth in the one forward
-    native = runtime.native_layer(context + 2)  # where the drafter runs its steps (an EAGLE head's, natively)
+    native = runtime.native_layer(context + 2 + masks)  # where the drafter runs its steps (natively, but Medusa's)
     if native is not None:
-        native(torch.cat((runtime.embed[ids[1 : context + 1]], features.float()), -1), None, None, last_logits=True)
-        head = features[-1:].float()  # [1, D]
+        fused = module.fuse(features.float())  # [context, D] as the drafters feed them
+        native(torch.cat((runtime.embed[ids[1 : context + 1]], fused), -1), None, None, last_logits=True)
+        head = fused[-1:]  # [1, D]
+        rows = torch.cat((runtime.embed[ids[-1:]], head), -1)  # [1, 2D]: the step's pair
+        if masks:
+            rows = torch.cat((rows, torch.cat(module.mask_rows(masks, head[0]), -1)))  # and its mask rows
     elif kind != "medusa":
         cache = EagleCache(module.shape, context + 2 + masks)
         module(runtime.embed[ids[1 : context + 1]][None], module.fuse(features)[None], torch.arange(context)[None],
@@ -89,7 +93,7 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
     def step() -> None:
         if native is not None:
             native.length = context
-            native(torch.cat((runtime.embed[ids[-1:]], head), -1), None, None)
+            native(rows, None, None)
             return
         if kind == "medusa":
             runtime.draft_logits(module(features[-1:].float())[:, 0])

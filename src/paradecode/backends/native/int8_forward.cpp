@@ -79,6 +79,8 @@ class Int8Forward {
     TORCH_CHECK(post_attn_norm.numel() == post_mlp_norm.numel() &&
                     (post_attn_norm.numel() == 0 || post_attn_norm.numel() == d),
                 "post_attn_norm and post_mlp_norm must both be empty or both [hidden]");
+    TORCH_CHECK(attn_norm.numel() == 0 || attn_norm.numel() == d || attn_norm.numel() == 2 * d,
+                "attn_norm must be empty, [hidden] or [2 * hidden] (EAGLE-3: the embedding's and the feature's)");
     TORCH_CHECK(window >= 0, "a window is a count of slots, or 0 for none");
     TORCH_CHECK(cos.numel() == sin.numel() && (cos.numel() == 0 || (cos.dim() == 2 && cos.size(1) == hd_ &&
                                                                     cos.size(0) == cos_.size(0))),
@@ -89,6 +91,10 @@ class Int8Forward {
   }
 
   void set_head(const py::tuple& head) { head_ = projection(head); }
+
+  // forward's first output: the residual stream after the layers (an EAGLE-3 head's feature for its next draft),
+  // with the LM head still on the final-normed rows; by default the final-normed rows themselves.
+  void set_output_residual(bool on) { output_residual_ = on; }
 
   // A projection applied to the rows given as `inputs` to forward, making them the [T, D] residual stream (EAGLE's
   // fc over [embedding ; feature]); without one, such rows enter as they are.
@@ -165,8 +171,11 @@ class Int8Forward {
   // start, count, mask [count, start + count] bool or None) whose counts add up to T, rows in segment order;
   // layers: indices to run; capture: layer indices (ascending, among those run) whose input, the residual stream
   // entering the layer, is copied out (EAGLE-3's features); inputs: float32 [T, K] rows that replace the
-  // embeddings of `ids` (which is then ignored), through the input projection where one is set. A layer with an
-  // empty attention norm feeds its input to q/k/v as it is, and an empty final norm returns the residual stream.
+  // embeddings of `ids` (which is then ignored), through the input projection where one is set; without one, rows
+  // [T, D] are the residual stream, and rows [T, 2D] are [embedding ; feature] pairs whose feature half is (EAGLE-3's
+  // layer). A layer with an empty attention norm feeds its input to q/k/v as it is, one with a [2D] norm feeds
+  // [norm(embedding) ; norm(residual)] (its two halves' weights), and an empty final norm returns the residual
+  // stream.
   // Returns (final-normed hidden [T, D], logits [T, V] or undefined, captured [T, capture.size() * D] or
   // undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids,
@@ -178,8 +187,8 @@ class Int8Forward {
     at::NoGradGuard no_grad;
     const int64_t t = inputs ? inputs->size(0) : ids.size(0), d = embed_.size(1);
     TORCH_CHECK(!inputs || (inputs->dim() == 2 && inputs->scalar_type() == at::kFloat &&
-                            inputs->size(1) == (input_ ? input_->k : d)),
-                "inputs must be float32 [T, ", input_ ? input_->k : d, "]");
+                            (inputs->size(1) == (input_ ? input_->k : d) || (!input_ && inputs->size(1) == 2 * d))),
+                "inputs must be float32 [T, ", input_ ? input_->k : d, "]", input_ ? "" : " or [T, 2 * hidden]");
     TORCH_CHECK(!positions || (positions->numel() == t && positions->scalar_type() == at::kLong),
                 "positions must be [T] int64 or None");
     std::vector<at::Tensor> keep_alive;
@@ -202,8 +211,12 @@ class Int8Forward {
     if (!hold_gil) no_gil.emplace();
     const Kernel kernel = kernels_[bucket_of(t)];
     at::Tensor x;  // [T, D] the residual stream
+    at::Tensor pairs;  // [T, 2D] [embedding ; feature] rows for a layer that norms both (EAGLE-3), or undefined
     if (!inputs) {
       x = embed_.index_select(0, ids).contiguous();
+    } else if (!input_ && inputs->size(1) == 2 * d) {
+      pairs = inputs->contiguous();
+      x = pairs.narrow(1, d, d).contiguous();  // the residual stream starts at the feature
     } else if (input_) {
       const at::Tensor in = inputs->contiguous();
       x = at::empty({t, d}, in.options());
@@ -228,7 +241,13 @@ class Int8Forward {
         for (int64_t r = 0; r < t; ++r) std::copy(xp + r * d, xp + (r + 1) * d, to + r * captures * d);
         ++next_capture;
       }
-      if (layer.attn_norm.numel() > 0) {
+      if (layer.attn_norm.numel() == 2 * d) {  // q/k/v read [norm(embedding) ; norm(residual)], 2D wide
+        TORCH_CHECK(pairs.defined(), "a layer with a [2 * hidden] attention norm reads [embedding ; feature] rows: "
+                                     "give them as inputs [T, 2 * hidden]");
+        h_.resize(t * 2 * d);
+        rms_norm(pairs.data_ptr<float>(), t, layer.attn_norm.narrow(0, 0, d), h_.data(), false, 2 * d, 2 * d);
+        rms_norm(xp, t, layer.attn_norm.narrow(0, d, d), h_.data() + d, false, d, 2 * d);
+      } else if (layer.attn_norm.numel() > 0) {
         rms_norm(xp, t, layer.attn_norm, h_.data());
       } else {
         std::copy(xp, xp + t * d, h_.data());
@@ -260,7 +279,7 @@ class Int8Forward {
       head_.apply(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), false, head_clock, ws_);
     }
     clock_.lap(kHead);
-    return {hidden, logits, captured};
+    return {output_residual_ ? x : hidden, logits, captured};
   }
 
  private:
@@ -334,14 +353,18 @@ class Int8Forward {
   }
 
   // out = RMSNorm(x) * weight, or with add, out += that (a sandwich norm's residual add).
-  void rms_norm(const float* x, int64_t t, const at::Tensor& weight, float* out, bool add = false) const {
+  // Rows of x (x_stride apart; 0: the weight's length) normed into out (out_stride apart; 0: the same).
+  void rms_norm(const float* x, int64_t t, const at::Tensor& weight, float* out, bool add = false,
+                int64_t x_stride = 0, int64_t out_stride = 0) const {
     const int64_t d = weight.size(0);
+    if (x_stride == 0) x_stride = d;
+    if (out_stride == 0) out_stride = d;
     const float* w = weight.data_ptr<float>();
     at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const float* row = x + r * d;
+        const float* row = x + r * x_stride;
         const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
-        float* o = out + r * d;
+        float* o = out + r * out_stride;
         if (add) {
           each(d, [&](int64_t c, auto z) { st(o + c, ld(o + c, z) + ld(row + c, z) * inv * ld(w + c, z)); });
         } else {
@@ -485,6 +508,7 @@ class Int8Forward {
   at::Tensor embed_, norm_, cos_, sin_, values_, keys_t_;
   float scale_;
   bool gelu_;
+  bool output_residual_ = false;  // set_output_residual
   std::vector<Layer> layers_;
   Projection head_;
   std::optional<Projection> input_;
@@ -555,6 +579,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos") = py::none(), py::arg("sin") = py::none())
       .def("set_head", &Int8Forward::set_head)
       .def("set_input", &Int8Forward::set_input)
+      .def("set_output_residual", &Int8Forward::set_output_residual)
       .def("with_cache", &Int8Forward::with_cache, py::arg("values"), py::arg("keys_t"), py::arg("cos"), py::arg("sin"))
       .def("kernels", &Int8Forward::kernels)
       .def("set_kernels", &Int8Forward::set_kernels)

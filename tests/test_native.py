@@ -284,7 +284,8 @@ def test_the_build_check_runs_every_kernel_and_the_4bit_projections(monkeypatch)
 
 def test_the_build_check_runs_an_eagle_heads_step(monkeypatch):
     """The child's check covers the native EAGLE step too (heads/eagle_native.py): a forward through an input
-    projection, built with no norms, run on another cache with ``with_cache``."""
+    projection, built with no norms, run on another cache with ``with_cache``; and EAGLE-3's: [2D] rows as they
+    are, into a layer with a [2D] attention norm, the residual stream returned."""
     from types import SimpleNamespace
 
     module = native.load()
@@ -309,6 +310,7 @@ def test_the_build_check_runs_an_eagle_heads_step(monkeypatch):
     names = [name for name, _ in calls]
     assert "set_input" in names and "with_cache" in names
     assert ("forward", True) in calls[names.index("with_cache"):]  # rows given as inputs, on the forked forward
+    assert ("forward", True) in calls[names.index("set_output_residual"):]  # and EAGLE-3's step
 
 
 def test_a_build_baton_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path):

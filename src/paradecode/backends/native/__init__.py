@@ -102,7 +102,7 @@ def _compile(key: str, build_dir: Path, source: Path) -> ModuleType:
 
 def check(key: str, build_dir: str, source: str) -> None:
     """Build, then forwards of a random one-layer model (int8 projections, attention, LM head) on every kernel,
-    of the same model with 4-bit projections (the q4 kernel), and of an EAGLE head's step."""
+    of the same model with 4-bit projections (the q4 kernel), and of an EAGLE and an EAGLE-3 head's step."""
     from paradecode.backends import q4
 
     module = _compile(key, Path(build_dir), Path(source))
@@ -155,6 +155,19 @@ def check(key: str, build_dir: str, source: str) -> None:
                           inputs=torch.randn(3, 2 * d))[1]
     if not torch.isfinite(logits).all():
         raise SystemExit("the native forward returned non-finite logits for an EAGLE head's step")
+    # an EAGLE-3 head's step: [embedding ; feature] rows as they are, a [2D] attention norm over both halves, a final
+    # norm before the LM head and the residual stream returned
+    head3 = module.Int8Forward(heads, kv, hd, 1e-5, torch.empty(0, d), torch.ones(d), torch.ones(slots, hd),
+                               torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
+                               torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
+    head3.add_layer(torch.ones(2 * d), torch.ones(d), projection((heads + 2 * kv) * hd, 2 * d),
+                    projection(d, heads * hd), projection(2 * inter, d), projection(d, inter, precise=True), none, none)
+    head3.set_head(projection(vocab, d))
+    head3.set_output_residual(True)
+    out, logits, _ = head3.forward(torch.empty(0, dtype=torch.long), None, [(pages, 0, 3, None)], [0], True,
+                                   inputs=torch.randn(3, 2 * d))
+    if not (torch.isfinite(logits).all() and torch.isfinite(out).all()):
+        raise SystemExit("the native forward returned non-finite logits for an EAGLE-3 head's step")
 
 
 def _build(key: str) -> ModuleType | None:

@@ -173,15 +173,13 @@ def autocast_dtype(precision: str, hidden: int, intermediate: int) -> torch.dtyp
     if precision != "auto":
         return torch.bfloat16 if precision == "bf16" else None
     x, w = torch.randn(2048, hidden), torch.randn(intermediate, hidden)
-    seconds = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = x.to(dtype), w.to(dtype)
-        best = float("inf")
-        for _ in range(5):
+    pairs = {dtype: (x.to(dtype), w.to(dtype).t()) for dtype in (torch.float32, torch.bfloat16)}
+    seconds = {dtype: float("inf") for dtype in pairs}
+    for _ in range(7):  # the two alternate, so a busy moment of the machine (another job) slows both alike
+        for dtype, (a, b) in pairs.items():
             started = time.perf_counter()
-            a @ b.t()
-            best = min(best, time.perf_counter() - started)
-        seconds[dtype] = best
+            a @ b
+            seconds[dtype] = min(seconds[dtype], time.perf_counter() - started)
     return torch.bfloat16 if seconds[torch.bfloat16] < 0.7 * seconds[torch.float32] else None
 
 

@@ -117,7 +117,8 @@ class EagleDrafter(HeadDrafter):
         self.draft_forward_passes += 1
         embeds = self.runtime.embed[torch.tensor(tokens, dtype=torch.long)]  # [T, D]
         if self.native is not None:
-            return self.native(torch.cat((embeds, features), dim=-1), positions, mask, last_logits)
+            return self.native(torch.cat((embeds, features), dim=-1), positions, mask,
+                               skip=len(tokens) - 1 if last_logits else 0)
         start, t = self.cache.length, len(tokens)
         if positions is None:
             positions = torch.arange(start, start + t)

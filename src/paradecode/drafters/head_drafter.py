@@ -86,9 +86,9 @@ def load_runtime(folder: str, kind: str, model_dir: str, draft_vocab: int, head_
     """The head in ``folder`` with its target's pieces. ``head_dtype`` int8: its linear layers and the draft LM
     head run as PyTorch's dynamically quantized int8 linears (int8 weights, per-call int8 activations), or, for
     an EAGLE, EAGLE-3 or parallel head where the native kernels load, the whole draft step on the native int8
-    forward (``native_layer``; EAGLE-3's ``fc`` stays PyTorch's, on the target's features): a draft step reads a quarter of the bytes (drafting on a CPU is bound by reading weights)
-    and, natively, pays no per-op costs; proposals change slightly, outputs do not (verification is the
-    target's)."""
+    forward (``native_layer``; EAGLE-3's ``fc`` stays PyTorch's, on the target's features): a draft step reads a
+    quarter of the bytes (drafting on a CPU is bound by reading weights) and, natively, pays no per-op costs;
+    proposals change slightly, outputs do not (verification is the target's)."""
     weights = target_weights(model_dir)
     head = load_head(folder, kind, weights)
     ids = head.draft_ids
@@ -225,9 +225,9 @@ class HeadDrafter(ScheduledDrafter):
 
     def worth_growing(self, confidences: list[float], parents: list[int]) -> bool:
         """``grow_tree``'s question when cutting, for a drafter whose every opened node costs a head forward
-        (``eagle``): whether the nodes drafted so far all stay in the cut ``finish`` would make now; once the best
-        prefix leaves out the newest ones, their children would most likely be cut too (a child's path is no
-        likelier than its parent's), so the head forward that drafts them is saved."""
+        (``eagle``, ``eagle3``): whether the nodes drafted so far all stay in the cut ``finish`` would make now;
+        once the best prefix leaves out the newest ones, their children would most likely be cut too (a child's
+        path is no likelier than its parent's), so the head forward that drafts them is saved."""
         if not self.cutting:
             return True
         return self.schedule.planned(self.calibration.path_chances(confidences, parents)) == len(confidences)

@@ -93,18 +93,15 @@ class NativeEagleLayer:
         self.length = 0  # slots in use: the pairs fed so far
 
     def __call__(self, pairs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
-                 last_logits: bool = False, skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                 skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed pairs [T, 2D] ([embedding ; feature] rows) at the next T slots -> (output features [T, D], draft
-        logits [T - skip, Vd] of the rows from ``skip`` on, or [1, Vd] of the last pair with ``last_logits``).
-        ``positions`` [T] (RoPE) and ``mask`` [T, length + T] bool (True: may attend), or None for both: each pair
-        at its slot, causally (the only case where rows may be skipped: they then run in a pass of their own,
-        without the LM head)."""
+        logits [T - skip, Vd] of the rows from ``skip`` on: T - 1 for the last pair's only). ``positions`` [T]
+        (RoPE) and ``mask`` [T, length + T] bool (True: may attend), or None for both: each pair at its slot,
+        causally (the skipped rows then run in a pass of their own, without the LM head)."""
         t = pairs.shape[0]
         if self.length + t > self.slots:
             raise ValueError(f"the head's cache holds {self.slots} pairs; {self.length + t} asked")
         pairs = pairs.float()
-        if last_logits:
-            skip = t - 1
         if skip > 0 and mask is None:  # e.g. a prompt's pairs: the LM head for the last one only
             first, _ = self._pass(pairs[:skip], None, None, want_logits=False)
             rest, logits = self._pass(pairs[skip:], None, None, want_logits=True)

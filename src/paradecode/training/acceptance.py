@@ -10,8 +10,8 @@ benchmark.
 
 The cost side: ``draft_step_seconds`` times one draft step of a head as it drafts (one pair through the head
 with its own cache, then its draft logits; a parallel head's pair comes with its mask rows; ``head_dtype`` int8
-by default, so an EAGLE, EAGLE-3 or parallel head's step runs on the native forward where the drafter runs it) against a one-token
-forward of the target, both at the same context length, interleaved, medians.
+by default, so an EAGLE, EAGLE-3 or parallel head's step runs on the native forward where the drafter runs it)
+against a one-token forward of the target, both at the same context length, interleaved, medians.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def draft_step_seconds(model, model_dir: Path, folder: str | Path, context: int 
     native = runtime.native_layer(context + 2 + masks)  # where the drafter runs its steps (natively, but Medusa's)
     if native is not None:
         fused = module.fuse(features.float())  # [context, D] as the drafters feed them
-        native(torch.cat((runtime.embed[ids[1 : context + 1]], fused), -1), None, None, last_logits=True)
+        native(torch.cat((runtime.embed[ids[1 : context + 1]], fused), -1), None, None, skip=context - 1)
         head = fused[-1:]  # [1, D]
         rows = torch.cat((runtime.embed[ids[-1:]], head), -1)  # [1, 2D]: the step's pair
         if masks:

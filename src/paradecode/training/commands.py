@@ -63,8 +63,8 @@ def add_commands(commands) -> None:
                             "fewer); the features are computed from the tokens when a head trains")
     train.add_argument("--keep-features", action="store_true",
                        help="with --tokens-only data: keep the target's features computed for training in "
-                            "DATA/features/<model> (half floats, ~1.2 KB per token for eagle/medusa, three times that for "
-                            "eagle3/parallel), so later epochs and later runs on the same data (also runs side by "
+                            "DATA/features/<model> (half floats, ~1.2 KB per token for eagle/medusa, three times "
+                            "that for eagle3/parallel), so later epochs and later runs on the same data (also runs side by "
                             "side) read them instead of running the target again (half of a training step)")
     train.add_argument("--data-only", action="store_true",
                        help="answer the prompts into --data and stop (train later with the same --prompts)")

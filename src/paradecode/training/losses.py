@@ -191,10 +191,12 @@ def decode_weights(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str, bat
     Training on those drafts (Draft-OPD's on-policy data: where the head's own chains run and where
     verification rejects them) spends the updates where the decoder uses the head."""
     on_path, _, _ = decode_walk(hits, kind, batch)
-    return [off_path + (1.0 - off_path) * _shift(on_path[k], -shift) for k, shift in enumerate(_root_shifts(hits, kind))]
+    return [off_path + (1.0 - off_path) * _shift(on_path[k], -shift)
+            for k, shift in enumerate(_root_shifts(hits, kind))]
 
 
-def decode_walk(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str, batch: Batch) -> tuple[torch.Tensor, int, int]:
+def decode_walk(hits: list[tuple[torch.Tensor, torch.Tensor]], kind: str,
+                batch: Batch) -> tuple[torch.Tensor, int, int]:
     """Greedy speculative decoding along the batch's answers with chains of ``len(hits)`` drafts: from the first
     root (the last prompt token) it keeps the ``a`` drafts right in a row and goes on from root r + a + 1 (the
     target's own next token), so only those roots are drafted from, and of their chains only depths 1..a + 1

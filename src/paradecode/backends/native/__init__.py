@@ -121,10 +121,14 @@ def check(key: str, build_dir: str, source: str) -> None:
     page = 16
     pages = torch.tensor([1, 0], dtype=torch.int32)
 
+    def cache(count: int) -> tuple:
+        """The RoPE tables cos, sin and a cache of ``count`` pages (values, keys_t), in the forward's argument order."""
+        return (torch.ones(slots, hd), torch.zeros(slots, hd),
+                torch.zeros(1, kv, count * page, hd, dtype=torch.float16),
+                torch.zeros(1, kv, count * page // 16, hd, 16, dtype=torch.float16))
+
     def stack(qkv, o, gate_up):
-        forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), torch.ones(slots, hd),
-                                     torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
-                                     torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
+        forward = module.Int8Forward(heads, kv, hd, 1e-5, torch.randn(vocab, d), torch.ones(d), *cache(2), page)
         forward.add_layer(torch.ones(d), torch.ones(d), qkv, o, gate_up, projection(d, inter, precise=True),
                           torch.empty(0), torch.empty(0))
         forward.set_head(projection(vocab, d, precise=True))
@@ -141,25 +145,20 @@ def check(key: str, build_dir: str, source: str) -> None:
     # an EAGLE head's step (heads/eagle_native.py): rows through an input projection, no input or final norm, on a
     # forward sharing another's weights over a cache of its own
     none = torch.empty(0)
-    head = module.Int8Forward(heads, kv, hd, 1e-5, torch.empty(0, d), none, torch.ones(slots, hd),
-                              torch.zeros(slots, hd), torch.zeros(1, kv, page, hd, dtype=torch.float16),
-                              torch.zeros(1, kv, page // 16, hd, 16, dtype=torch.float16), page)
+    head = module.Int8Forward(heads, kv, hd, 1e-5, torch.empty(0, d), none, *cache(1), page)
     head.set_input(projection(d, 2 * d, precise=True))
     head.add_layer(none, torch.ones(d), projection((heads + 2 * kv) * hd, d), projection(d, heads * hd),
                    projection(2 * inter, d), projection(d, inter, precise=True), none, none)
     head.set_head(projection(vocab, d))
-    head = head.with_cache(torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
-                           torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), torch.ones(slots, hd),
-                           torch.zeros(slots, hd))
+    cos, sin, values, keys_t = cache(2)
+    head = head.with_cache(values, keys_t, cos, sin)
     logits = head.forward(torch.empty(0, dtype=torch.long), None, [(pages, 0, 3, None)], [0], True,
                           inputs=torch.randn(3, 2 * d))[1]
     if not torch.isfinite(logits).all():
         raise SystemExit("the native forward returned non-finite logits for an EAGLE head's step")
     # an EAGLE-3 head's step: [embedding ; feature] rows as they are, a [2D] attention norm over both halves, a final
     # norm before the LM head and the residual stream returned
-    head3 = module.Int8Forward(heads, kv, hd, 1e-5, torch.empty(0, d), torch.ones(d), torch.ones(slots, hd),
-                               torch.zeros(slots, hd), torch.zeros(1, kv, 2 * page, hd, dtype=torch.float16),
-                               torch.zeros(1, kv, 2 * page // 16, hd, 16, dtype=torch.float16), page)
+    head3 = module.Int8Forward(heads, kv, hd, 1e-5, torch.empty(0, d), torch.ones(d), *cache(2), page)
     head3.add_layer(torch.ones(2 * d), torch.ones(d), projection((heads + 2 * kv) * hd, 2 * d),
                     projection(d, heads * hd), projection(2 * inter, d), projection(d, inter, precise=True), none, none)
     head3.set_head(projection(vocab, d))

@@ -11,7 +11,7 @@ import transformers
 
 from paradecode import cli
 from paradecode.backends import native
-from paradecode.backends.base import tree_depths, tree_mask
+from paradecode.backends.base import ARGMAX, tree_depths, tree_mask
 from paradecode.backends.int8_llama import BUCKETS, PAGE, Int8LlamaBackend
 from paradecode.profile import measure_stages
 from tiny import (TREE_PARENTS, shaped_llama, assert_rows_equal_one_token_passes,
@@ -386,3 +386,68 @@ def test_row_argmax_is_torchs_argmax_ties_nans_and_tails_included():
     with pytest.raises(RuntimeError, match="float32"):
         module.row_argmax(torch.zeros(2, 3, dtype=torch.float64))
     assert native.row_argmax(torch.zeros(2, 3, dtype=torch.float64)) == [0, 0]  # torch's path for other dtypes
+
+
+TILES = {key: value for key, value in SHAPES["tiles"].items() if key != "vocab_size"}  # with a vocabulary of 3,000
+
+
+@pytest.mark.parametrize("kernels", sorted(KERNEL_CHOICES))
+def test_argmax_logits_keep_every_rows_argmax_and_its_bits(kernels):
+    """``forward(logits=ARGMAX)`` (greedy verification's pass): each row's argmax and its value are the full
+    logits' to the bit, ties included (pairs of equal LM head rows, the first wins); the other entries are
+    close approximations, and some do differ (the residual rows were skipped for them)."""
+    model = shaped_llama(7, TILES, 3000)
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head[1::2] = head[0::2].clone()  # columns 2i and 2i + 1 give equal logits
+        head[6] = head[6] * 1.0001  # and a near tie
+    backend = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION)
+    use_kernels(backend, kernels)
+    ids = tokens(60, seed=8)
+    differ = 0
+    for cut in [(0, 40), (40, 41), (41, 49), (49, 60)]:
+        backend.reset()
+        full = backend.forward(ids[: cut[1]]).logits[cut[0]:]
+        backend.reset()
+        if cut[0]:
+            backend.forward(ids[: cut[0]], logits=False)
+        fast = backend.forward(ids[cut[0]: cut[1]], logits=ARGMAX).logits
+        assert fast.shape == full.shape
+        want = full.argmax(-1)
+        assert torch.equal(fast.argmax(-1), want)
+        assert torch.equal(fast.gather(1, want[:, None]), full.gather(1, want[:, None]))  # the same bits
+        assert (want % 2 == 0).all(), "a tie went to the second of two equal columns"
+        scale = full.abs().amax(-1, keepdim=True)
+        assert ((fast - full).abs() <= 0.02 * scale).all()
+        differ += int((fast != full).sum())
+    assert differ > 0, "every entry was exact: the skipped residual rows were never skipped"
+
+
+def test_greedy_decoding_reads_argmax_logits_and_matches_full_logits_decoding():
+    """The engine asks a greedy decode's passes for ARGMAX logits; its tokens are the argmax of full logits, one
+    token at a time, for plain decoding and for a drafting method; with log-probabilities read it asks for full
+    logits."""
+    backend = Int8LlamaBackend.from_hf(shaped_llama(9, TILES, 3000), calibration=CALIBRATION)
+    prompt = tokens(20, seed=3).tolist() * 2
+    expected = []
+    backend.reset()
+    logits = backend.forward(torch.tensor(prompt)).logits[-1]
+    for _ in range(24):
+        expected.append(int(logits.argmax()))
+        logits = backend.forward(torch.tensor(expected[-1:])).logits[-1]
+    asked = []
+    forward = backend.forward
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("logits", True))
+        return forward(*args, **kwargs)
+
+    backend.forward = recording
+    for method in ("ar", "pld"):
+        asked.clear()
+        output, _ = run(backend, method, prompt, max_new_tokens=24)
+        assert output == expected, method
+        assert asked.count(ARGMAX) >= 5 and set(asked) <= {False, ARGMAX}, asked
+    asked.clear()
+    output, _ = run(backend, "ar", prompt, max_new_tokens=24, on_commit=lambda tokens, logits: None)
+    assert output == expected and ARGMAX not in asked

@@ -263,8 +263,10 @@ def _dtypes(raw: str) -> list[str]:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    from paradecode.backends.base import ARGMAX
     from paradecode.backends.int8_llama import Int8LlamaBackend
-    from paradecode.profile import ISA_FLAGS, machine_report, measure_curve, measure_stages, plot
+    from paradecode.profile import ISA_FLAGS, machine_report, measure_curve, measure_curves, measure_stages, plot
+    from paradecode.quality import calibration_ids
 
     dtypes = _dtypes(args.dtypes)
     try:
@@ -281,7 +283,14 @@ def run_profile(args: argparse.Namespace) -> int:
         label = f"{type(model.backend).__name__} {model.dtype}"
         print(f"profiling {label} ...", file=sys.stderr, flush=True)
         try:
-            curves[label] = measure_curve(model.backend, sizes, args.context, args.repeats)
+            if isinstance(model.backend, Int8LlamaBackend) and model.backend.available_kernels():
+                # and greedy verification's pass, which computes the LM head's residual rows only where they may
+                # change a row's argmax, taking turns, after a context of text (the shipped calibration text)
+                text = [t for ids in calibration_ids(model.tokenizer) for t in ids]
+                both = measure_curves(model.backend, (True, ARGMAX), sizes, args.context, args.repeats, text)
+                curves[label], curves[f"{label} greedy"] = both[True], both[ARGMAX]
+            else:
+                curves[label] = measure_curve(model.backend, sizes, args.context, args.repeats)
             if args.stages:
                 stages[label] = measure_stages(model.backend, sizes, args.context, args.repeats)
         except ValueError as error:
@@ -303,11 +312,11 @@ def run_profile(args: argparse.Namespace) -> int:
             floor = report["weight_bytes"] / (machine["read_gb_per_s"] * 1e9)
             print(f"{label}: {report['weight_bytes'] / 1e6:.1f} MB of weights per token, {1000 * floor:.2f} ms at the "
                   f"measured bandwidth; the one-token forward takes {curves[label][1] / floor:.2f}x that")
-    print(f"{'backend / dtype':<22}" + "".join(f"{'T=' + str(t):>10}" for t in sizes))
+    print(f"{'backend / dtype':<28}" + "".join(f"{'T=' + str(t):>10}" for t in sizes))
     for label, curve in curves.items():
         one = curve[sizes[0]]
         cells = [f"{1000 * one:8.1f}ms"] + [f"{curve[t] / one:9.2f}x" for t in sizes[1:]]
-        print(f"{label:<22}" + "".join(f"{c:>10}" for c in cells))
+        print(f"{label:<28}" + "".join(f"{c:>10}" for c in cells))
     for label, per_size in stages.items():
         print(f"\n{label}: ms per stage of one forward" if per_size else f"\n{label}: no stage clock (native int8 only)")
         if per_size:

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from paradecode.backends.base import Backend, causal_mask
+from paradecode.backends.base import ARGMAX, Backend, Logits, causal_mask
 from paradecode.config import GenerationConfig
 from paradecode.constraints.speculative import Constraint
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
@@ -88,6 +88,9 @@ def decode(
     )
     drafter.begin(state)
     stats.prefill_time_s = time.perf_counter() - start
+    # greedy verification (and the drafters that look at the target's predictions) reads each row's argmax only,
+    # unless the grammar masks the logits or the caller reads their log-probabilities
+    verify_logits = ARGMAX if sampling.greedy and constraint is None and on_commit is None else True
 
     while True:
         step_start = time.perf_counter()
@@ -99,7 +102,7 @@ def decode(
             proposal = constraint.with_forced(proposal, state.max_draft)
         proposal = _fit(proposal, state.max_draft, room, backend.supports_tree)
         allowed = constraint.masks(proposal) if constraint is not None else None  # [1+N, V]
-        verdict = _score_and_verify(backend, proposal, state, hidden, allowed)
+        verdict = _score_and_verify(backend, proposal, state, hidden, allowed, verify_logits)
         new_tokens = verdict.accepted_tokens + [verdict.next_token]
         new_tokens, stop_reason = _cut(new_tokens, state, config, output_text, room)
         if output_text is not None:
@@ -185,7 +188,7 @@ class Features:
 
 
 def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, hidden: Features = Features(),
-                      allowed: torch.Tensor | None = None) -> Verdict:
+                      allowed: torch.Tensor | None = None, logits: Logits = True) -> Verdict:
     cache_len = len(state.tokens) - 1
     root = state.tokens[-1]
     n = len(proposal.tokens)
@@ -208,7 +211,7 @@ def _score_and_verify(backend: Backend, proposal: Proposal, state: DecodeState, 
     # a chain's positions follow the cache (the backends' default, None: the native pass sets them without a torch
     # call, which cost ~1% of a SmolLM2-135M step here, paid right after the forward has emptied the caches)
     position_ids = None if isinstance(positions, range) else torch.tensor(positions, dtype=torch.long)
-    out = backend.forward(torch.tensor(ids, dtype=torch.long), position_ids, mask, **hidden.arguments)
+    out = backend.forward(torch.tensor(ids, dtype=torch.long), position_ids, mask, logits=logits, **hidden.arguments)
     logits = out.logits if not extras else out.logits[: 1 + n]  # [1+N, V] (a slice is a torch call a step)
     if allowed is not None:  # structured output: verify against the grammar's share of the distribution
         logits = logits.masked_fill(~allowed, float("-inf"))

@@ -77,36 +77,57 @@ def measure_curve(backend, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
     on an Intel Xeon (2 threads, SmolLM2-135M q4) read T=2 and T=4 at 0.74-0.89x of T=1, and ``auto``, which
     prices the drafts it only peeks at by that shape, over-priced plain decoding by ~8% and drafted where
     drafting lost (0.91-0.97x ``ar`` on a prompt where no drafter pays). ``spreads``, when given, gets each
-    size's interquartile range over its median (other work on the machine widens it)."""
+    size's interquartile range over its median (other work on the machine widens it). Full logits after
+    unrelated tokens: any tokens do, the cost is in the shape."""
+    curves = measure_curves(backend, (True,), sizes, context, repeats, spreads=spreads)
+    curve = curves[True]
+    if progress is not None:
+        for t in sizes:
+            progress(t, curve[t])
+    return curve
+
+
+@torch.inference_mode()
+def measure_curves(backend, modes: Sequence, sizes: Sequence[int] = SIZES, context: int = CONTEXT,
+                   repeats: int = 7, text: Sequence[int] | None = None,
+                   spreads: dict[int, float] | None = None) -> dict:
+    """``measure_curve`` for each of several ``forward(logits=...)`` modes at once, {mode: curve}: the modes take
+    turns within each round as the sizes do, so their ratios are not a drift of the machine. With ``base.ARGMAX``
+    (greedy verification's pass) the cost depends on how peaked the predictions are, so ``text`` (token ids,
+    repeated to fill the context and the new tokens) times it on text rather than on unrelated tokens."""
     context = min(context, backend.max_length - max(sizes))
     if context < 1:
         raise ValueError(f"the model's context ({backend.max_length}) is too short to profile T={max(sizes)}")
-    ids = torch.arange(context + max(sizes)) % backend.vocab_size  # any tokens do: the cost is in the shape
+    ids = _context_ids(backend, context + max(sizes), text)
     backend.reset()
     backend.forward(ids[:context])
 
-    def one_pass(t: int) -> float:
+    def one_pass(t: int, mode) -> float:
         start = time.perf_counter()
-        backend.forward(ids[context : context + t])
+        backend.forward(ids[context : context + t], logits=mode)
         seconds = time.perf_counter() - start
         backend.rollback(context)
         return seconds
 
     for t in sizes:
-        for _ in range(WARMUP_PASSES):
-            one_pass(t)
-    times: dict[int, list[float]] = {t: [] for t in sizes}
+        for mode in modes:
+            for _ in range(WARMUP_PASSES):
+                one_pass(t, mode)
+    times: dict = {(t, mode): [] for t in sizes for mode in modes}
     for _ in range(repeats):
         for t in sizes:
-            times[t].append(one_pass(t))
-    curve = {t: statistics.median(times[t]) for t in sizes}
+            for mode in modes:
+                times[t, mode].append(one_pass(t, mode))
     if spreads is not None:
-        spreads.update({t: spread(times[t]) for t in sizes})
-    if progress is not None:
-        for t in sizes:
-            progress(t, curve[t])
+        spreads.update({t: spread(times[t, modes[0]]) for t in sizes})
     backend.reset()
-    return curve
+    return {mode: {t: statistics.median(times[t, mode]) for t in sizes} for mode in modes}
+
+
+def _context_ids(backend, length: int, text: Sequence[int] | None) -> torch.Tensor:
+    if not text:
+        return torch.arange(length) % backend.vocab_size
+    return torch.tensor(list(text), dtype=torch.long).repeat(length // len(text) + 1)[:length]
 
 
 @torch.inference_mode()

@@ -16,11 +16,19 @@ whole pass (``drafters.schedule``). A backend without it runs alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Literal, Protocol, Sequence, Union
 
 import torch
 
 from paradecode.tree_layout import tree_depths, tree_mask  # noqa: F401  (backends import them from here)
+
+
+# ``forward(logits=ARGMAX)``: the caller reads nothing of the logits but each row's argmax (greedy verification).
+# A backend may then return logits whose argmax (index and value) is exact and whose other entries are close
+# approximations (the native int8 LM head skips its residual rows for columns that cannot win); any other backend
+# returns its full logits. Never for sampling, log-probabilities or masked logits.
+ARGMAX = "argmax"
+Logits = Union[bool, Literal["argmax"]]
 
 
 @dataclass
@@ -67,7 +75,7 @@ class Backend(Protocol):
         return_hidden: bool = False,
         exit_layer: int | None = None,  # run only the first `exit_layer` layers, then norm + LM head
         layers: Sequence[int] | None = None,  # or run only these layers (ascending), then norm + LM head
-        logits: bool = True,  # False: skip the LM head (a prefill whose logits nobody reads); output logits None
+        logits: Logits = True,  # False: skip the LM head (a prefill whose logits nobody reads); ARGMAX: see above
         aux_layers: Sequence[int] = (),  # ascending layer indices: output aux holds each one's input (EAGLE-3)
     ) -> ForwardOutput: ...
 

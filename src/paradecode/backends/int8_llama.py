@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from paradecode.backends.base import ForwardOutput
+from paradecode.backends.base import ForwardOutput, Logits
 from paradecode.backends.int8 import (FORMAT, PRECISE, PROJECTIONS, ChannelRecorder, Int8Linear, _clone, calibrate,
                                       expand_groups, grouped_smoothing, smoothing)
 from paradecode.backends.llama import LlamaBackend, LlamaShape, _Layer
+from paradecode.backends.native import logits_mode
 
 if TYPE_CHECKING:
     from paradecode.backends.sequences import Batcher
@@ -333,7 +334,7 @@ class Int8LlamaBackend(LlamaBackend):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 *, return_hidden: bool = False, exit_layer: int | None = None, layers: Sequence[int] | None = None,
-                logits: bool = True, aux_layers: Sequence[int] = ()) -> ForwardOutput:
+                logits: Logits = True, aux_layers: Sequence[int] = ()) -> ForwardOutput:
         # The native pass records nothing for autograd (it runs under its own no-grad guard), so only the torch
         # pass enters inference mode: torch's mode switch was a few Python calls a step, paid right after the
         # last forward had pushed them out of the caches.
@@ -344,7 +345,7 @@ class Int8LlamaBackend(LlamaBackend):
         t, start = token_ids.shape[0], self._len
         indices = self._check_pass(t, mask, exit_layer, layers, aux_layers)
         hidden, scores, aux = self._native.forward(token_ids, positions, [(self._pages, start, t, mask)], indices,
-                                                   logits, list(aux_layers))
+                                                   logits_mode(logits), list(aux_layers))
         self._len = start + t
         return ForwardOutput(logits=scores if logits else None,
                              hidden=self._returned_hidden(hidden) if return_hidden else None, aux=aux)

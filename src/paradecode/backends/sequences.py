@@ -42,7 +42,8 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from paradecode.backends.base import ForwardOutput, Load, SlotCache
+from paradecode.backends.base import ARGMAX, ForwardOutput, Load, Logits, SlotCache
+from paradecode.backends.native import logits_mode
 from paradecode.backends.openmp import fills_cores, one_thread_here, release_team, team_here
 from paradecode.errors import ParadecodeError
 
@@ -82,7 +83,7 @@ class _Pass:
     mask: torch.Tensor | None  # [T, start + T] bool, None: causal
     start: int  # the sequence's cache length before the pass
     layers: tuple[int, ...]
-    logits: bool
+    logits: Logits
     aux_layers: tuple[int, ...] = ()
     arrived: float = field(default_factory=time.perf_counter)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -177,7 +178,7 @@ class Batcher:
 
     # -- passes ----------------------------------------------------------------------------------------
     def run_alone(self, sequence: "Sequence", ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                  start: int, layers: tuple[int, ...], logits: bool, aux_layers: tuple[int, ...]) -> tuple | None:
+                  start: int, layers: tuple[int, ...], logits: Logits, aux_layers: tuple[int, ...]) -> tuple | None:
         """A lone sequence's pass (no other has a pass queued or running) on this thread: the native call's
         ``(hidden, logits, aux)``, with none of a queued pass's hand-over (its ``_Pass``, event and slices): a
         one-token pass of SmolLM2-135M took 0.48 ms longer than its native call that way, 0.32 ms now (Intel Xeon;
@@ -190,8 +191,8 @@ class Batcher:
         team_here()  # the batcher's thread gives its team up once it sees one sequence left (_serve)
         rows = ids.shape[0]
         with self._forwarding, torch.inference_mode():
-            out = self._stack.forward(ids, positions, [(sequence.page_table, start, rows, mask)], layers, logits,
-                                      aux_layers, False)  # lets go of the GIL: see _forward
+            out = self._stack.forward(ids, positions, [(sequence.page_table, start, rows, mask)], layers,
+                                      logits_mode(logits), aux_layers, False)  # lets go of the GIL: see _forward
         self._count(rows, 1)
         return out
 
@@ -284,7 +285,8 @@ class Batcher:
             ids = torch.cat([p.ids for p in batch]) if len(batch) > 1 else batch[0].ids
             positions = torch.cat([p.positions for p in batch]) if len(batch) > 1 else batch[0].positions
             segments = [(p.sequence.page_table, p.start, p.rows, p.mask) for p in batch]
-            want = any(p.logits for p in batch)
+            wants = [p.logits for p in batch]  # full logits where any pass reads them, else argmax rows where asked
+            want = logits_mode((ARGMAX if all(w in (ARGMAX, False) for w in wants) else True) if any(wants) else False)
             # Python that runs during a pass takes a core from one of its OpenMP threads, and every one of the
             # pass's parallel loops waits for that thread: with one thread spinning in Python beside a 12-row pass
             # of SmolLM2-135M (2 cores), the pass took 180 ms instead of 14. So where the pass's threads fill the
@@ -384,7 +386,7 @@ class Sequence(SlotCache):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 *, return_hidden: bool = False, exit_layer: int | None = None, layers: Seq[int] | None = None,
-                logits: bool = True, aux_layers: Seq[int] = ()) -> ForwardOutput:
+                logits: Logits = True, aux_layers: Seq[int] = ()) -> ForwardOutput:
         if self._closed:
             raise RuntimeError("this sequence is closed")
         t, start = token_ids.shape[0], self._len

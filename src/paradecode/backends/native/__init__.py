@@ -73,6 +73,14 @@ def load() -> ModuleType | None:
     return _loaded[key]
 
 
+def logits_mode(logits) -> int:
+    """A backend's ``forward(logits=...)`` (False, True or ``base.ARGMAX``) as the native forward's
+    ``logits_mode``: 0 no LM head, 1 full logits, 2 exact argmax only (``Projection::apply_argmax``)."""
+    from paradecode.backends.base import ARGMAX
+
+    return 2 if logits == ARGMAX else 1 if logits else 0
+
+
 def row_argmax(logits: torch.Tensor) -> list[int]:
     """Each row's argmax of ``logits`` [T, V] as a list, as ``logits.argmax(-1).tolist()`` gives it (the first
     of equal maxima, the first NaN): by the native loop when a native forward has loaded the module (this never

@@ -32,6 +32,9 @@
 
 namespace paradecode {
 
+// What a forward computes of the LM head (paradecode.backends.native.logits_mode gives Python's side of it).
+constexpr int64_t kNoLogits = 0, kFullLogits = 1, kArgmaxLogits = 2;
+
 class Int8Forward {
  public:
   // scale: what scores are multiplied by (0: 1 / sqrt(head_dim)); gelu: the MLP gates with tanh-approximated GELU
@@ -175,16 +178,19 @@ class Int8Forward {
   // [T, D] are the residual stream, and rows [T, 2D] are [embedding ; feature] pairs whose feature half is (EAGLE-3's
   // layer). A layer with an empty attention norm feeds its input to q/k/v as it is, one with a [2D] norm feeds
   // [norm(embedding) ; norm(residual)] (its two halves' weights), and an empty final norm returns the residual
-  // stream.
+  // stream. logits_mode: kNoLogits (a prefill skips the LM head), kFullLogits, or kArgmaxLogits (each row's argmax
+  // and its value exact, the rest within the precise head's residual of it: Projection::apply_argmax).
   // Returns (final-normed hidden [T, D], logits [T, V] or undefined, captured [T, capture.size() * D] or
   // undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids,
                                                          const std::optional<at::Tensor>& positions,
                                                          const py::list& segment_list,
-                                                         const std::vector<int64_t>& layers, bool want_logits,
+                                                         const std::vector<int64_t>& layers, int64_t logits_mode,
                                                          const std::vector<int64_t>& capture, bool hold_gil,
                                                          const std::optional<at::Tensor>& inputs) {
     at::NoGradGuard no_grad;
+    TORCH_CHECK(logits_mode == kNoLogits || logits_mode == kFullLogits || logits_mode == kArgmaxLogits,
+                "logits_mode must be 0 (none), 1 (full) or 2 (argmax)");
     const int64_t t = inputs ? inputs->size(0) : ids.size(0), d = embed_.size(1);
     TORCH_CHECK(!inputs || (inputs->dim() == 2 && inputs->scalar_type() == at::kFloat &&
                             (inputs->size(1) == (input_ ? input_->k : d) || (!input_ && inputs->size(1) == 2 * d))),
@@ -273,10 +279,13 @@ class Int8Forward {
     at::Tensor hidden = norm_.numel() > 0 ? at::empty_like(x) : x;
     if (norm_.numel() > 0) rms_norm(x.data_ptr<float>(), t, norm_, hidden.data_ptr<float>());
     at::Tensor logits;  // undefined (None) when not wanted: a prefill skips the LM head
-    if (want_logits) {
+    if (logits_mode != kNoLogits) {
       logits = at::empty({t, head_.out_features()}, x.options());
       Clock head_clock;
-      head_.apply(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), false, head_clock, ws_);
+      if (logits_mode == kArgmaxLogits)
+        head_.apply_argmax(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), head_clock, ws_);
+      else
+        head_.apply(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), false, head_clock, ws_);
     }
     clock_.lap(kHead);
     return {output_residual_ ? x : hidden, logits, captured};
@@ -588,6 +597,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_profiling", &Int8Forward::set_profiling)
       .def("stage_seconds", &Int8Forward::stage_seconds)
       .def("forward", &Int8Forward::forward, py::arg("ids"), py::arg("positions"), py::arg("segments"),
-           py::arg("layers"), py::arg("want_logits"), py::arg("capture") = std::vector<int64_t>(),
+           py::arg("layers"), py::arg("logits_mode"), py::arg("capture") = std::vector<int64_t>(),
            py::arg("hold_gil") = false, py::arg("inputs") = py::none());
 }

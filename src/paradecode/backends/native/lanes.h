@@ -312,6 +312,29 @@ inline int64_t argmax(const float* x, int64_t n) {
   return nan >= 0 ? nan : first_index(x, n, max_value(x, n), false);
 }
 
+// hit(k) for every k in [0, n) where value(k, z) >= limit, in order: value computes 16 lanes at once (z a vf) or
+// one (z a float); the 16-lane compare is one packed instruction and a mask (NaN is never >= limit).
+template <typename Value, typename Hit>
+inline void for_each_at_least(int64_t n, float limit, Value&& value, Hit&& hit) {
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    const vf v = value(k, vf{});
+#if defined(__AVX512F__)
+    uint32_t mask = _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(limit), _CMP_GE_OQ);
+#elif defined(__AVX__)
+    const __m256 at = _mm256_set1_ps(limit);
+    uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(((__m256*)&v)[0], at, _CMP_GE_OQ))) |
+                    static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(((__m256*)&v)[1], at, _CMP_GE_OQ))) << 8;
+#else
+    uint32_t mask = 0;
+    for (int l = 0; l < kLanes; ++l) mask |= static_cast<uint32_t>(v[l] >= limit) << l;
+#endif
+    for (; mask != 0; mask &= mask - 1) hit(k + __builtin_ctz(mask));
+  }
+  for (; k < n; ++k)
+    if (value(k, 0.f) >= limit) hit(k);
+}
+
 // Quantize one row to integer values in [-127, 127] (kept as float for fbgemm); returns max |x| (the scale).
 inline float quantize_row(const float* x, float* q, int64_t n) {
   const float amax = max_of(abs_max(x, n), 1e-12f);

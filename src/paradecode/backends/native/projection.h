@@ -16,11 +16,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gemm.h"
@@ -106,6 +109,7 @@ struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;  // fbgemm's prepacked weight; null: no fbgemm here
   std::optional<at::Tensor> bias;  // [N] float32
   bool precise = false;  // activations as int8 + an int8 residual row (for outlier-heavy inputs)
+  at::Tensor column_bound;  // [N] float, precise only: scale[n] * ||W[n]||_2, rounded up (apply_argmax's bound)
   int64_t n = 0, k = 0;
 
   int64_t out_features() const { return n; }
@@ -225,6 +229,13 @@ struct Projection {
     multiply(kernel, rows, ws, in_place ? out : nullptr);
     clock.lap(kGemm);
     if (in_place) return;
+    dequantize(t, out, accumulate, ws);
+    clock.lap(kDequantize);
+  }
+
+  // ws.y's rows (and a precise projection's residual rows after them) -> out [T, N], times each row's scale, plus
+  // the bias (+= when accumulate).
+  void dequantize(int64_t t, float* out, bool accumulate, const Workspace& ws) const {
     const float* yp = ws.y.data();
     const float* bp = bias ? bias->data_ptr<float>() : nullptr;
     // Each output is its own few float operations, so any split gives the same bits: split by elements, in
@@ -239,8 +250,7 @@ struct Projection {
           const float* y1 = yp + (t + r) * n;
           const float a1 = ws.amax[t + r];
           for (int64_t c = c0; c < c1; ++c) {
-            float v = y0[c] * a0 + y1[c] * a1;
-            if (bp) v += bp[c];
+            const float v = precise_value(y0[c], a0, y1[c], a1, bp ? bp[c] : 0.f, bp != nullptr);
             o[c] = accumulate ? o[c] + v : v;
           }
         } else {
@@ -249,6 +259,111 @@ struct Projection {
             if (bp) v += bp[c];
             o[c] = accumulate ? o[c] + v : v;
           }
+        }
+      }
+    });
+  }
+
+  // A precise projection's output from its two parts (the row's int8 sums times their scale, then the residual
+  // row's), in the one order every path uses, so the same inputs give the same bits.
+  static float precise_value(float y0, float a0, float y1, float a1, float bias, bool has_bias) {
+    float v = y0 * a0 + y1 * a1;
+    if (has_bias) v += bias;
+    return v;
+  }
+
+  // apply (not accumulating) for a reader that needs only each row's argmax, such as greedy verification: a
+  // precise projection's residual rows are the second half of its GEMM's rows, and an LM head's argmax rarely
+  // depends on them. Every row's largest output, its index and its bits, are apply's; every other output is the
+  // main int8 row's part alone (apply's without the residual), within the bound below of apply's. How: the
+  // residual's part of output c is float(s) * scale[c] * a1 with s = sum_k q1[k] W[c][k], and by Cauchy-Schwarz
+  // |s| <= ||q1||_2 ||W[c]||_2, so with room for the roundings it is at most b_c = reach * column_bound[c] +
+  // 1e-6 |L_c| (reach = a1 ||q1||_2, L_c the main part). The row's true maximum is at least lower = max_c (L_c -
+  // b_c); only the columns with L_c + b_c >= lower can hold it, and those (a few to a few dozen of SmolLM2's
+  // 49,152) get apply's own value from their residual sums, computed exactly. Every other column's written value
+  // is below lower, so the row's argmax, ties and NaN included, is apply's. Not precise, 4-bit or with a bias (which
+  // the bound leaves out): apply itself.
+  void apply_argmax(Kernel kernel, const float* x, int64_t t, float* out, Clock& clock, Workspace& ws) const {
+    if (!precise || is_q4() || bias) return apply(kernel, x, t, out, false, clock, ws);
+    quantize(x, t, ws);  // rows [0, t) the activations, [t, 2t) what they missed
+    clock.lap(kQuantize);
+    multiply(kernel, t, ws);  // the main rows only: the same bits as their rows in a pass of all 2t
+    clock.lap(kGemm);
+    const float* yp = ws.y.data();
+    const float* cb = column_bound.data_ptr<float>();
+    const int64_t stride = row_bytes();
+    std::vector<float> reach(t), lower(t, -std::numeric_limits<float>::infinity());
+    bool finite = true;
+    for (int64_t r = 0; r < t; ++r) {
+      const int8_t* q1 = ws.q.data() + (t + r) * stride;
+      int64_t squares = 0;
+      for (int64_t c = 0; c < k; ++c) squares += int64_t{q1[c]} * q1[c];
+      reach[r] = static_cast<float>(ws.amax[t + r] * std::sqrt(static_cast<double>(squares)) * (1 + 1e-5));
+      finite = finite && std::isfinite(reach[r]);
+    }
+    std::mutex lower_mutex;
+    // The main parts, and each row's lower (max over columns of L_c - b_c) from every thread's share of it.
+    at::parallel_for(0, t * n, kDequantizeGrain, [&](int64_t e0, int64_t e1) {
+      for (int64_t r = e0 / n; r * n < e1; ++r) {
+        const int64_t c0 = std::max(e0, r * n) - r * n, c1 = std::min(e1, (r + 1) * n) - r * n;
+        const float* y0 = yp + r * n;
+        const float a0 = ws.amax[r], reach_r = reach[r];
+        float* o = out + r * n;
+        vf low_v = splat(-std::numeric_limits<float>::infinity()), probe_v{};  // probe: NaN where a value is not finite
+        float low = -std::numeric_limits<float>::infinity(), probe = 0.f;
+        each(c1 - c0, [&](int64_t i, auto z) {
+          const int64_t c = c0 + i;
+          const auto v = ld(y0 + c, z) * a0;
+          st(o + c, v);
+          const auto low_c = v - (ld(cb + c, z) * reach_r + abs_of(v) * 1e-6f);
+          if constexpr (std::is_same_v<decltype(z), vf>) {
+            low_v = max_of(low_v, low_c);
+            probe_v = probe_v + v * 0.f;
+          } else {
+            low = max_of(low, low_c);
+            probe = probe + v * 0.f;
+          }
+        });
+        float lanes[kLanes];
+        std::memcpy(lanes, &low_v, sizeof(lanes));
+        for (float l : lanes) low = max_of(low, l);
+        std::lock_guard<std::mutex> lock(lower_mutex);
+        lower[r] = max_of(lower[r], low);
+        finite = finite && std::isfinite(probe + fold(probe_v));
+      }
+    });
+    if (!finite) {  // a NaN or an infinity: the bound says nothing, so apply's way
+      multiply(kernel, 2 * t, ws);
+      dequantize(t, out, false, ws);
+      return clock.lap(kDequantize);
+    }
+    const int8_t* w = weight_t.data_ptr<int8_t>();  // weight_t is [K, N] over the [N, K] weight: W[c] is contiguous
+    const float* sp = scale.data_ptr<float>();
+    at::parallel_for(0, t * n, kDequantizeGrain, [&](int64_t e0, int64_t e1) {
+      for (int64_t r = e0 / n; r * n < e1; ++r) {
+        const int64_t c0 = std::max(e0, r * n) - r * n, c1 = std::min(e1, (r + 1) * n) - r * n;
+        const int8_t* q1 = ws.q.data() + (t + r) * stride;
+        const float a0 = ws.amax[r], a1 = ws.amax[t + r], reach_r = reach[r], lower_r = lower[r];
+        float* o = out + r * n;
+        std::vector<int64_t> hits;  // L_c + b_c >= lower: the columns that may win
+        for_each_at_least(c1 - c0, lower_r, [&](int64_t i, auto z) {
+          const auto v = ld(o + c0 + i, z);
+          return v + (ld(cb + c0 + i, z) * reach_r + abs_of(v) * 1e-6f);
+        }, [&](int64_t i) { hits.push_back(c0 + i); });
+        // A flat row (a prompt of unrelated tokens) has hundreds: their weight rows are asked for a few ahead, so
+        // their reads from memory overlap instead of waiting one after the other.
+        constexpr size_t kAhead = 4;
+        auto fetch = [&](int64_t c) {
+          for (int64_t off = 0; off < k; off += 64) __builtin_prefetch(w + c * k + off, 0, 0);
+        };
+        for (size_t h = 0; h < std::min(kAhead, hits.size()); ++h) fetch(hits[h]);
+        for (size_t h = 0; h < hits.size(); ++h) {
+          if (h + kAhead < hits.size()) fetch(hits[h + kAhead]);
+          const int64_t c = hits[h];
+          const int8_t* wc = w + c * k;
+          int32_t sum = 0;
+          for (int64_t j = 0; j < k; ++j) sum += int32_t{q1[j]} * wc[j];
+          o[c] = precise_value(yp[r * n + c], a0, static_cast<float>(sum) * sp[c], a1, 0.f, false);
         }
       }
     });
@@ -327,6 +442,10 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
   p.packed = unwrap_packed(packed);
   if (bias) p.bias = bias->to(at::kFloat).contiguous();
   p.precise = precise;
+  if (precise) {  // scale[n] * ||W[n]||_2, in double, rounded up a little so that float roundings stay inside it
+    const at::Tensor norms = weight.to(at::kDouble).pow(2).sum(1).sqrt();
+    p.column_bound = (norms * p.scale.to(at::kDouble) * (1 + 1e-6)).to(at::kFloat).contiguous();
+  }
   return p;
 }
 

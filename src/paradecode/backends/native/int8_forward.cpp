@@ -369,7 +369,7 @@ class Int8Forward {
     if (x_stride == 0) x_stride = d;
     if (out_stride == 0) out_stride = d;
     const float* w = weight.data_ptr<float>();
-    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, t, kRowGrain, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* row = x + r * x_stride;
         const float inv = 1.f / std::sqrt(dot(row, row, d) / static_cast<float>(d) + static_cast<float>(eps_));
@@ -404,7 +404,7 @@ class Int8Forward {
     const float* q_norm = normed ? layer.q_norm.data_ptr<float>() : nullptr;
     const float* k_norm = normed ? layer.k_norm.data_ptr<float>() : nullptr;
     for (const Segment& segment : segments) {
-      at::parallel_for(0, segment.count, 16, [&](int64_t i0, int64_t i1) {
+      at::parallel_for(0, segment.count, kRowGrain, [&](int64_t i0, int64_t i1) {
         std::vector<float> rotated(hd_);
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t r = segment.first_row + i;
@@ -491,7 +491,7 @@ class Int8Forward {
     const float* gp = gate_up_.data();
     float* op = act_.data();
     const bool gelu = gelu_;
-    at::parallel_for(0, t, 16, [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, t, kRowGrain, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* g = gp + r * 2 * inter;
         const float* u = g + inter;

@@ -283,6 +283,50 @@ def _depth(parents, node):
     return depth
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "parallel", "medusa"])
+def test_copies_draft_where_the_text_repeats_and_the_head_elsewhere(setup, method):
+    """``lookup``: where the last 2+ tokens occurred before, the step drafts what followed them (up to
+    ``lookup_draft`` tokens) and runs no head forward; elsewhere the head drafts. The output is ar's; a copy's
+    verdict is not the head's."""
+    prompt = PROMPTS[0] * 3  # the prompt repeats: copies from the first step on
+    expected, _ = generate(setup, "ar", prompt, max_new_tokens=60)
+    context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
+    drafter = get_method(method).create({"head": str(setup.heads[method]), "schedule": "fixed", "depth": 2,
+                                         "lookup_draft": 3}, context)
+    copies, scheduled, passes = [], [], []
+    copy_draft, proposed = drafter.copy_draft, drafter.finish
+
+    def counting_copy(state):
+        passes.append(drafter.draft_forward_passes)  # head forwards before this step
+        copied = copy_draft(state)
+        copies.append(copied is not None)
+        assert copied is None or 1 <= len(copied.tokens) <= 3 and copied.parents is None
+        return copied
+
+    def counting_finish(proposal):
+        scheduled.append(len(proposal.tokens))
+        return proposed(proposal)
+
+    drafter.copy_draft, drafter.finish = counting_copy, counting_finish
+    stats = DecodeStats()
+    config = GenerationConfig(max_new_tokens=60, sampling=SamplingConfig(temperature=0.0))
+    assert [t for step in decode(setup.backend, drafter, prompt, config, stats=stats) for t in step] == expected
+    assert any(copies) and not all(copies)  # both kinds of step ran
+    assert len(scheduled) <= copies.count(False)  # the head's schedule sees its own steps only
+    passes.append(drafter.draft_forward_passes)
+    assert all(passes[i + 1] == passes[i] for i, copied in enumerate(copies) if copied)  # a copy runs no head
+    assert passes[-1] > 0
+    assert sum(len(s.drafted) for s in stats.steps) > sum(scheduled)  # the copies' tokens went out too
+
+
+@pytest.mark.parametrize("method", ["eagle", "parallel", "medusa"])
+def test_bad_lookup_options_are_refused_clearly(method):
+    with pytest.raises(ParadecodeError, match="lookup"):
+        get_method(method).Options(lookup=-1)
+    with pytest.raises(ParadecodeError, match="lookup_draft"):
+        get_method(method).Options(lookup_draft=0)
+
+
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
 def test_bad_head_dtype_is_refused_clearly(method):
     with pytest.raises(ParadecodeError, match="head_dtype must be one of int8, fp32"):
@@ -354,7 +398,7 @@ def test_calibration_counts_judged_nodes_and_chains_path_chances():
 def test_cost_schedule_cuts_greedy_trees_of_a_random_head(setup, method):
     """Greedy under the cost schedule: the tree is cut to the nodes worth their verify time, so a random head
     (almost never right) ends up drafting far less than the fixed tree; the output is unchanged."""
-    options = {"tree": True, "budget": 12, "depth": 4}
+    options = {"tree": True, "budget": 12, "depth": 4, "lookup": 0}  # the head's own drafts, no copies
     prompt = PROMPTS[4]
     expected, _ = generate(setup, "ar", prompt, max_new_tokens=60)
     cut, cut_stats = generate(setup, method, prompt, max_new_tokens=60, **options)
@@ -374,7 +418,8 @@ def test_a_head_whose_cuts_keep_nothing_rests(setup, method):
     runs = {}
     for schedule in ("cost", "fixed"):
         context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
-        drafter = get_method(method).create({"head": str(setup.heads[method]), "schedule": schedule}, context)
+        drafter = get_method(method).create({"head": str(setup.heads[method]), "schedule": schedule, "lookup": 0},
+                                            context)
         stats = DecodeStats()
         config = GenerationConfig(max_new_tokens=new, sampling=SamplingConfig(temperature=0.0))
         out = [t for step in decode(setup.backend, drafter, prompt, config, stats=stats) for t in step]

@@ -42,6 +42,8 @@ class EagleOptions:
     head_dtype: str = "int8"  # int8: the step on the native int8 forward (heads/eagle_native.py), or PyTorch's
     # int8 linears without the native kernels (eagle3: always) | fp32: the PyTorch head as trained
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
+    lookup: int = 2  # copy what followed an earlier occurrence of the last N+ tokens when there is one (0: never)
+    lookup_draft: int = 4  # most tokens such a copy drafts
 
     def __post_init__(self) -> None:
         check_tree_options("eagle", self)
@@ -70,6 +72,9 @@ class EagleDrafter(HeadDrafter):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
+        copied = self.copy_draft(state)
+        if copied is not None:
+            return copied
         length = self.chain_length(state)
         if state.max_draft > 0 and length > 0 and self.pending:
             features = self.module.fuse(torch.cat([f for f, _ in self.pending]))  # [T, D]

@@ -31,6 +31,8 @@ class MedusaOptions:
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
     head_dtype: str = "int8"  # int8: linears + draft LM head quantized at load (a quarter of the reads) | fp32
     draft_vocab: int = 0  # keep the heads' N most frequent draft tokens (0: their whole draft vocabulary)
+    lookup: int = 2  # copy what followed an earlier occurrence of the last N+ tokens when there is one (0: never)
+    lookup_draft: int = 4  # most tokens such a copy drafts
 
     def __post_init__(self) -> None:
         check_tree_options("medusa", self)
@@ -50,6 +52,9 @@ class MedusaDrafter(HeadDrafter):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
+        copied = self.copy_draft(state)
+        if copied is not None:
+            return copied
         length = self.chain_length(state)
         if self.root_hidden is None or state.max_draft <= 0 or length <= 0:
             self.drafted(0)

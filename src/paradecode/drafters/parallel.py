@@ -38,6 +38,8 @@ class ParallelOptions:
     schedule: str = "cost"  # chain length: fixed (= depth) | heuristic | cost (0 when drafting does not pay)
     head_dtype: str = "int8"  # int8: linears + draft LM head quantized at load (a quarter of the reads) | fp32
     draft_vocab: int = 0  # keep the head's N most frequent draft tokens (0: its whole draft vocabulary)
+    lookup: int = 2  # copy what followed an earlier occurrence of the last N+ tokens when there is one (0: never)
+    lookup_draft: int = 4  # most tokens such a copy drafts
 
     def __post_init__(self) -> None:
         check_tree_options("parallel", self)
@@ -61,6 +63,9 @@ class ParallelDrafter(Eagle3Drafter):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Proposal:
+        copied = self.copy_draft(state)
+        if copied is not None:
+            return copied
         length = self.chain_length(state)
         o, runtime = self.options, self.runtime
         limits = tree_limits(o.tree, o.budget, o.branching, o.width, length, state)

@@ -162,7 +162,7 @@ class _WarmingBackend:
     def __init__(self, clock: list[float]) -> None:
         self.clock, self.forwards = clock, 0
 
-    def forward(self, ids):
+    def forward(self, ids, logits=True):
         self.forwards += 1
         self.clock[0] += (1e-3 + 1e-4 * len(ids)) * (5.0 if self.forwards <= 10 else 1.0)
 
@@ -185,7 +185,7 @@ def test_cost_curve_sizes_take_turns_after_a_warm_up(monkeypatch):
 class _BusyBackend(_WarmingBackend):
     """Every other pass takes four times as long: another process shares the cores."""
 
-    def forward(self, ids):
+    def forward(self, ids, logits=True):
         self.forwards += 1
         self.clock[0] += (1e-3 + 1e-4 * len(ids)) * (4.0 if self.forwards % 2 == 0 else 1.0)
 

@@ -332,7 +332,7 @@ def test_decode_walk_is_the_path_greedy_speculative_decoding_takes(data, tmp_pat
     decoded_steps = decoded_tokens = accepted = 0
     for b, row in enumerate(rows):
         drafter = get_method("eagle").create({"head": str(tmp_path), "schedule": "fixed", "depth": 3,
-                                              "head_dtype": "fp32"}, context)
+                                              "head_dtype": "fp32", "lookup": 0}, context)  # the head's own path
         stats = DecodeStats()
         prompt = row["tokens"][: row["prompt_len"]].tolist()
         answer = len(row["tokens"]) - row["prompt_len"]

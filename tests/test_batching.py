@@ -496,3 +496,38 @@ def test_a_process_that_batched_exits_cleanly(tmp_path):
         run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr[-2000:]
         assert "terminate called" not in run.stderr
+
+
+def test_a_shared_pass_computes_full_logits_where_any_of_its_passes_reads_them(backend):
+    """Greedy verification asks for ARGMAX logits, a sampling or log-probability request for full ones: a batch
+    runs the native head in the mode every pass in it can take (full where any wants full; none where none wants
+    logits), and each pass gets its own rows."""
+    from paradecode.backends.base import ARGMAX
+    from paradecode.backends.sequences import _Pass
+
+    batcher = backend.batcher(8 << 20)
+    stack, modes = batcher._stack, []
+
+    class Recording:  # the native forward, with the logits mode of each call
+        def __getattr__(self, name):
+            return getattr(stack, name)
+
+        def forward(self, *args):
+            modes.append(args[4])
+            return stack.forward(*args)
+
+    batcher._stack = Recording()
+    sequences = [batcher.open(64) for _ in range(2)]
+    layers = tuple(range(backend.num_layers))
+    prompt = torch.arange(1, 9) % backend.vocab_size
+    for wants, mode in [((True, ARGMAX), 1), ((ARGMAX, ARGMAX), 2), ((ARGMAX, False), 2), ((False, False), 0),
+                        ((True, False), 1)]:
+        for s in sequences:
+            s.rollback(0)
+        batch = [_Pass(s, prompt, torch.arange(8), None, 0, layers, want) for s, want in zip(sequences, wants)]
+        batcher._forward(batch)
+        assert modes[-1] == mode, wants
+        for p, want in zip(batch, wants):
+            assert (p.out_logits is None) == (not want) and (p.out_logits is None or p.out_logits.shape[0] == 8)
+    for s in sequences:
+        s.close()

@@ -42,8 +42,8 @@ from typing import Any, Sequence as Seq
 
 import torch
 
-from paradecode.backends.base import ARGMAX, ForwardOutput, Load, Logits, SlotCache
-from paradecode.backends.native import logits_mode
+from paradecode.backends.base import ForwardOutput, Load, Logits, SlotCache
+from paradecode.backends.native import FULL_LOGITS, logits_mode
 from paradecode.backends.openmp import fills_cores, one_thread_here, release_team, team_here
 from paradecode.errors import ParadecodeError
 
@@ -285,8 +285,8 @@ class Batcher:
             ids = torch.cat([p.ids for p in batch]) if len(batch) > 1 else batch[0].ids
             positions = torch.cat([p.positions for p in batch]) if len(batch) > 1 else batch[0].positions
             segments = [(p.sequence.page_table, p.start, p.rows, p.mask) for p in batch]
-            wants = [p.logits for p in batch]  # full logits where any pass reads them, else argmax rows where asked
-            want = logits_mode((ARGMAX if all(w in (ARGMAX, False) for w in wants) else True) if any(wants) else False)
+            modes = {logits_mode(p.logits) for p in batch}  # full logits where any pass reads them, else the most asked
+            want = FULL_LOGITS if FULL_LOGITS in modes else max(modes)
             # Python that runs during a pass takes a core from one of its OpenMP threads, and every one of the
             # pass's parallel loops waits for that thread: with one thread spinning in Python beside a 12-row pass
             # of SmolLM2-135M (2 cores), the pass took 180 ms instead of 14. So where the pass's threads fill the

@@ -71,10 +71,7 @@ class EagleDrafter(HeadDrafter):
         self.root_logits: torch.Tensor | None = None  # [Vd] its draft logits: the distribution after the root
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Proposal:
-        copied = self.copy_draft(state)
-        if copied is not None:
-            return copied
+    def head_draft(self, state: DecodeState) -> Proposal:
         length = self.chain_length(state)
         if state.max_draft > 0 and length > 0 and self.pending:
             features = self.module.fuse(torch.cat([f for f, _ in self.pending]))  # [T, D]

@@ -196,6 +196,15 @@ class HeadDrafter(ScheduledDrafter):
         self.empty_cuts = 0  # cuts in a row that kept no node
         self.rest = 0  # steps the head still skips
 
+    def propose(self, state: DecodeState) -> Proposal:
+        """A copy where the text repeats itself (``copy_draft``), else the head's draft (``head_draft``)."""
+        copied = self.copy_draft(state)
+        return copied if copied is not None else self.head_draft(state)
+
+    def head_draft(self, state: DecodeState) -> Proposal:
+        """The step's draft from the head (each kind's own)."""
+        raise NotImplementedError
+
     def copy_draft(self, state: DecodeState) -> Proposal | None:
         """The step's draft when the text repeats itself (the ``lookup`` option, as ``pld`` drafts): what followed
         the latest earlier occurrence of the longest suffix of at least ``lookup`` tokens (up to LOOKUP_NGRAM),
@@ -212,7 +221,6 @@ class HeadDrafter(ScheduledDrafter):
         if not tokens:
             return None
         self.copied = True
-        self.last = None
         return Proposal(tokens=tokens)
 
     def chain_length(self, state: DecodeState) -> int:

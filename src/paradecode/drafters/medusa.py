@@ -51,10 +51,7 @@ class MedusaDrafter(HeadDrafter):
         self.root_hidden = None if features is None else features[-1]  # [D] the row that predicted the root
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Proposal:
-        copied = self.copy_draft(state)
-        if copied is not None:
-            return copied
+    def head_draft(self, state: DecodeState) -> Proposal:
         length = self.chain_length(state)
         if self.root_hidden is None or state.max_draft <= 0 or length <= 0:
             self.drafted(0)

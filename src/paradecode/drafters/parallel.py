@@ -62,10 +62,7 @@ class ParallelDrafter(Eagle3Drafter):
         self.last_fused: torch.Tensor | None = None  # [D] its fused target feature (the mask rows' feature)
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Proposal:
-        copied = self.copy_draft(state)
-        if copied is not None:
-            return copied
+    def head_draft(self, state: DecodeState) -> Proposal:
         length = self.chain_length(state)
         o, runtime = self.options, self.runtime
         limits = tree_limits(o.tree, o.budget, o.branching, o.width, length, state)

@@ -26,6 +26,8 @@ from types import ModuleType
 
 import torch
 
+from paradecode.backends.base import ARGMAX
+
 SOURCE = Path(__file__).with_name("int8_forward.cpp")
 # included by SOURCE; part of the build key
 HEADERS = ("lanes.h", "projection.h", "gemm.h", "gemm_amx.h", "gemm_q4.h", "gemm_q4_amx.h", "attention.h")
@@ -73,12 +75,14 @@ def load() -> ModuleType | None:
     return _loaded[key]
 
 
+# The native forward's ``logits_mode`` (kNoLogits, kFullLogits, kArgmaxLogits in int8_forward.cpp)
+NO_LOGITS, FULL_LOGITS, ARGMAX_LOGITS = 0, 1, 2
+
+
 def logits_mode(logits) -> int:
     """A backend's ``forward(logits=...)`` (False, True or ``base.ARGMAX``) as the native forward's
-    ``logits_mode``: 0 no LM head, 1 full logits, 2 exact argmax only (``Projection::apply_argmax``)."""
-    from paradecode.backends.base import ARGMAX
-
-    return 2 if logits == ARGMAX else 1 if logits else 0
+    ``logits_mode``: no LM head, full logits, or each row's argmax exact (``Projection::apply_argmax``)."""
+    return ARGMAX_LOGITS if logits == ARGMAX else FULL_LOGITS if logits else NO_LOGITS
 
 
 def row_argmax(logits: torch.Tensor) -> list[int]:

@@ -254,7 +254,8 @@ struct Projection {
           const float* y1 = yp + (t + r) * n;
           const float a1 = ws.amax[t + r];
           for (int64_t c = c0; c < c1; ++c) {
-            const float v = precise_value(y0[c], a0, y1[c], a1, bp ? bp[c] : 0.f, bp != nullptr);
+            float v = precise_value(y0[c], a0, y1[c], a1);
+            if (bp) v += bp[c];
             o[c] = accumulate ? o[c] + v : v;
           }
         } else {
@@ -268,13 +269,9 @@ struct Projection {
     });
   }
 
-  // A precise projection's output from its two parts (the row's int8 sums times their scale, then the residual
-  // row's), in the one order every path uses, so the same inputs give the same bits.
-  static float precise_value(float y0, float a0, float y1, float a1, float bias, bool has_bias) {
-    float v = y0 * a0 + y1 * a1;
-    if (has_bias) v += bias;
-    return v;
-  }
+  // A precise projection's output (before any bias) from its two parts, the row's int8 sums times their scale and
+  // the residual row's, in the one order every path uses, so the same inputs give the same bits.
+  static float precise_value(float y0, float a0, float y1, float a1) { return y0 * a0 + y1 * a1; }
 
   // apply (not accumulating) for a reader that needs only each row's argmax, such as greedy verification: a
   // precise projection's residual rows are the second half of its GEMM's rows, and an LM head's argmax rarely
@@ -297,6 +294,9 @@ struct Projection {
     const float* cb = column_bound.data_ptr<float>();
     const int64_t stride = row_bytes();
     std::vector<float> reach(t), lower(t, -std::numeric_limits<float>::infinity());
+    auto bound = [&](int64_t r, int64_t c, auto v) {  // b_c of row r for main part v (a float, or 16 lanes from c)
+      return ld(cb + c, v) * reach[r] + abs_of(v) * 1e-6f;
+    };
     bool finite = true;
     for (int64_t r = 0; r < t; ++r) {
       const int8_t* q1 = ws.q.data() + (t + r) * stride;
@@ -311,7 +311,7 @@ struct Projection {
       for (int64_t r = e0 / n; r * n < e1; ++r) {
         const int64_t c0 = std::max(e0, r * n) - r * n, c1 = std::min(e1, (r + 1) * n) - r * n;
         const float* y0 = yp + r * n;
-        const float a0 = ws.amax[r], reach_r = reach[r];
+        const float a0 = ws.amax[r];
         float* o = out + r * n;
         vf low_v = splat(-std::numeric_limits<float>::infinity()), probe_v{};  // probe: NaN where a value is not finite
         float low = -std::numeric_limits<float>::infinity(), probe = 0.f;
@@ -319,7 +319,7 @@ struct Projection {
           const int64_t c = c0 + i;
           const auto v = ld(y0 + c, z) * a0;
           st(o + c, v);
-          const auto low_c = v - (ld(cb + c, z) * reach_r + abs_of(v) * 1e-6f);
+          const auto low_c = v - bound(r, c, v);
           if constexpr (std::is_same_v<decltype(z), vf>) {
             low_v = max_of(low_v, low_c);
             probe_v = probe_v + v * 0.f;
@@ -347,12 +347,12 @@ struct Projection {
       for (int64_t r = e0 / n; r * n < e1; ++r) {
         const int64_t c0 = std::max(e0, r * n) - r * n, c1 = std::min(e1, (r + 1) * n) - r * n;
         const int8_t* q1 = ws.q.data() + (t + r) * stride;
-        const float a0 = ws.amax[r], a1 = ws.amax[t + r], reach_r = reach[r], lower_r = lower[r];
+        const float a0 = ws.amax[r], a1 = ws.amax[t + r], lower_r = lower[r];
         float* o = out + r * n;
         std::vector<int64_t> hits;  // L_c + b_c >= lower: the columns that may win
         for_each_at_least(c1 - c0, lower_r, [&](int64_t i, auto z) {
           const auto v = ld(o + c0 + i, z);
-          return v + (ld(cb + c0 + i, z) * reach_r + abs_of(v) * 1e-6f);
+          return v + bound(r, c0 + i, v);
         }, [&](int64_t i) { hits.push_back(c0 + i); });
         // A flat row (a prompt of unrelated tokens) has hundreds: their weight rows are asked for a few ahead, so
         // their reads from memory overlap instead of waiting one after the other.
@@ -367,7 +367,7 @@ struct Projection {
           const int8_t* wc = w + c * k;
           int32_t sum = 0;
           for (int64_t j = 0; j < k; ++j) sum += int32_t{q1[j]} * wc[j];
-          o[c] = precise_value(yp[r * n + c], a0, static_cast<float>(sum) * sp[c], a1, 0.f, false);
+          o[c] = precise_value(yp[r * n + c], a0, static_cast<float>(sum) * sp[c], a1);
         }
       }
     });

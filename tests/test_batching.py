@@ -138,7 +138,7 @@ def test_sliding_window_layers_batch_exactly():
             for i, (method, options, temperature) in enumerate(CASES[:7])]
     expected = [solo(windowed, *job) for job in jobs]
     batcher = windowed.batcher(8 << 20)
-    assert in_threads(batcher, jobs) == expected
+    assert in_threads(batcher, jobs, together=True) == expected
     assert max(batcher.sequences_histogram) >= 3
 
 

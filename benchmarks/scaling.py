@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 SIZES_T = (1, 2, 4, 8, 16)
 CONTEXT = 256
@@ -260,6 +260,19 @@ def _interpolate(curve: dict[int, float], rows: int) -> float:
 # Methods whose every step is one target pass over the rows it verifies (lookahead's pass also carries its
 # lookahead window, and layerskip adds early-exit passes, neither of which the records count).
 PROJECTED = ("ar", "ngram", "pld", "pld-tree", "jacobi", "auto")
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                    num_kv_heads=3, head_dim=64)  # the REAL size's shape, for its head's bytes
+
+
+def head_step_bytes(size: str, draft_vocab: int) -> int:
+    """Bytes one draft step of an EAGLE head reads at ``size``, on the native int8 forward its heads run on: one
+    decoder layer of the target's shape, the fc from [embedding ; feature] (2D -> D) and the LM head over the
+    draft vocabulary."""
+    from paradecode.synthetic import SHAPES, parameters
+
+    spec = SMOLLM2_135M if size == REAL else SHAPES[size]
+    d = spec["hidden_size"]
+    return parameters(spec)[0] + 2 * d * d + draft_vocab * d
 
 
 @dataclass
@@ -267,25 +280,30 @@ class Steps:
     """One method's decoding in a bench run: every step's (rows verified, tokens committed)."""
 
     steps: list[tuple[int, int]]
+    head_steps: bool = False  # a run of a head drafter with chains of one: each step also pays one head step
 
-    def rate(self, curve: dict[int, float]) -> float:
+    def rate(self, curve: dict[int, float], head_fraction: float = 0.0) -> float:
         """Tokens per second with each step priced by ``curve`` at its width (the forward passes only: the
-        per-step drafting, sampling and bookkeeping, ~1-3 ms at 135M, are left out for every method alike)."""
-        return sum(a for _, a in self.steps) / sum(_interpolate(curve, w) for w, _ in self.steps)
+        per-step drafting, sampling and bookkeeping, ~1-3 ms at 135M, are left out for every method alike) and,
+        for a head drafter, one head step per step at ``head_fraction`` of a one-token pass (its bytes over the
+        target's: every step is charged, although a step that copies runs no head)."""
+        extra = head_fraction * curve[1] if self.head_steps else 0.0
+        return sum(a for _, a in self.steps) / sum(_interpolate(curve, w) + extra for w, _ in self.steps)
 
     @property
     def tau(self) -> float:
         return sum(a for _, a in self.steps) / len(self.steps)
 
 
-def method_steps(records: Path) -> dict[str, Steps]:
-    """Per method of PROJECTED, its steps in a ``paradecode bench`` run's records."""
+def method_steps(records: Path, heads: Sequence[str] = ()) -> dict[str, Steps]:
+    """Per method of PROJECTED, and per label in ``heads`` (runs of a head drafter with chains of one), its
+    steps in a ``paradecode bench`` run's records."""
     out: dict[str, Steps] = {}
     for line in records.read_text().splitlines():
         record = json.loads(line)
-        if record["method"] not in PROJECTED:
+        if record["method"] not in PROJECTED and record["method"] not in heads:
             continue
-        steps = out.setdefault(record["method"], Steps([]))
+        steps = out.setdefault(record["method"], Steps([], head_steps=record["method"] in heads))
         for turn in record["turns"]:
             widths = turn.get("draft_lengths") or [0] * len(turn["accepted_per_step"])
             steps.steps.extend((w + 1, a) for w, a in zip(widths, turn["accepted_per_step"]))
@@ -307,7 +325,12 @@ def report(args: argparse.Namespace) -> int:
     rows = results["rows"]
     engines = sorted({key.split("|")[1] for key in rows}, key=lambda e: (not e.startswith("ours"), e))
     curves = {key: median_curve(row["rounds"]) for key, row in rows.items() if row.get("rounds")}
-    steps = method_steps(Path(args.records)) if args.records else {}
+    heads = [label for label in (args.heads or "").split(",") if label]
+    steps = method_steps(Path(args.records), heads) if args.records else {}
+    missing = [label for label in heads if label not in steps]
+    if missing:
+        print(f"error: no records of {', '.join(missing)} in {args.records}", file=sys.stderr)
+        return 2
     lines = []
     machine = results["machines"][-1]
     lines.append(f"Machine: {machine['cpu']}, {machine['threads']} threads, ISA {' '.join(machine['isa'])}"
@@ -352,7 +375,7 @@ def report(args: argparse.Namespace) -> int:
         lines.append(f"| {size} | {1000 * llama[name][1]:.1f} ({name.split()[-1]}) | " + " | ".join(cells) + " | "
                      + " | ".join(ratios) + " |")
     if steps:
-        methods = [m for m in PROJECTED if m in steps]
+        methods = [m for m in (*PROJECTED, *heads) if m in steps]
         lines.append("")
         lines.append("### Projected decoding speed per method")
         lines.append("")
@@ -360,7 +383,12 @@ def report(args: argparse.Namespace) -> int:
                      f"({args.records}), each priced by the size's measured forward time of ours on q4 at its "
                      "width; forward passes only, for every method and for llama.cpp's plain decoding (one "
                      "forward per token of its faster build). τ (tokens per step): "
-                     + ", ".join(f"`{m}` {steps[m].tau:.2f}" for m in methods) + ".")
+                     + ", ".join(f"`{m}` {steps[m].tau:.2f}" for m in methods) + "."
+                     + (f" Head drafters ({', '.join(f'`{m}`' for m in heads)}): each step also pays one draft "
+                        f"step of an EAGLE head in the size's shape (one decoder layer, the fc and a "
+                        f"{args.draft_vocab}-token LM head, int8), priced as that share of the bytes of a one-token "
+                        "pass of the target on q4, charged on every step although copies run no head."
+                        if heads else ""))
         lines.append("")
         lines.append("| size | llama.cpp tok/s | " + " | ".join(f"`{m}` tok/s (vs llama.cpp)" for m in methods)
                      + " | best vs our `ar` |")
@@ -370,7 +398,8 @@ def report(args: argparse.Namespace) -> int:
             if ours is None or size not in best_llama:
                 continue
             llama_rate = 1.0 / best_llama[size][1][1]
-            rates = {m: steps[m].rate(ours) for m in methods}
+            fraction = head_step_bytes(size, args.draft_vocab) / rows[f"{size}|ours q4"]["weight_bytes"]
+            rates = {m: steps[m].rate(ours, fraction) for m in methods}
             best = max(rates, key=rates.get)
             cells = [f"{rates[m]:.1f} ({rates[m] / llama_rate:.2f}x)" for m in methods]
             lines.append(f"| {size} | {llama_rate:.1f} | " + " | ".join(cells)
@@ -436,6 +465,9 @@ def main() -> int:
     p = commands.add_parser("report", help="tables (and a plot) from a run's results.json")
     p.add_argument("folder")
     p.add_argument("--records", help="a paradecode bench run's records.jsonl, for the projected speed per method")
+    p.add_argument("--heads", help="comma-separated labels in --records of head drafters run with chains of one "
+                                   "(e.g. eagle with schedule=fixed, depth=1): projected with one head step a step")
+    p.add_argument("--draft-vocab", type=int, default=4096, help="the heads' draft vocabulary (default 4096)")
     p.add_argument("--plot", help="PNG to write")
     p.add_argument("--doc", help="markdown file whose part after '<!-- scaling tables -->' is replaced")
     p.set_defaults(run=report)

@@ -141,6 +141,15 @@ def test_the_projection_prices_each_step_at_its_width(tmp_path):
     assert sorted(steps) == ["ar", "ngram"]  # lookahead's window rows are not in its records: left out
     assert steps["ar"].rate(curve) == pytest.approx(100.0) and steps["ar"].tau == 1.0
     assert steps["ngram"].rate(curve) == pytest.approx(4 / (0.016 + 0.010)) and steps["ngram"].tau == 2.0
+    assert steps["ngram"].rate(curve, 0.5) == steps["ngram"].rate(curve)  # only head drafters pay head steps
+    # a head drafter's label: each step adds one head step at the given share of a one-token pass
+    records.write_text(records.read_text() + "\n" + json.dumps(dict(method="eagle-chain1", turns=[turns["ngram"]])))
+    heads = scaling.method_steps(records, heads=("eagle-chain1",))
+    assert heads["eagle-chain1"].rate(curve, 0.5) == pytest.approx(4 / (0.016 + 0.010 + 2 * 0.005))
+    # its bytes: one decoder layer of the shape, the fc (2D -> D) and the draft-vocabulary head, at a byte each
+    layer = 576 * (9 + 2 * 3) * 64 + 9 * 64 * 576 + 3 * 576 * 1536
+    assert scaling.head_step_bytes("135m", 4096) == layer + 2 * 576 * 576 + 4096 * 576
+    assert scaling.head_step_bytes("1b", 1024) < scaling.head_step_bytes("1b", 4096) < scaling.head_step_bytes("3b", 4096)
     slow = dict(rounds=[{"1": 2.0}, {"1": 3.0}, {"1": 10.0}])
     fast = dict(rounds=[{"1": 1.0}, {"1": 1.0}, {"1": 2.0}])
     assert scaling.paired_ratio(slow, fast) == pytest.approx(3.0)

@@ -11,7 +11,7 @@ import torch
 import paradecode.drafters.schedule as schedule_module
 from paradecode.backends.base import Load
 from paradecode.config import SamplingConfig
-from paradecode.drafters.base import DecodeState
+from paradecode.drafters.base import DecodeState, Proposal
 from paradecode.drafters.schedule import (
     FIRST_PROBE,
     AcceptanceProfile,
@@ -190,6 +190,61 @@ def test_cost_schedule_learns_from_its_own_timing(clock):
         clock.now += 1.0 + 0.01 * n  # the step's forward pass
         schedule.update(n)
     assert schedule.length() == 12
+
+
+def test_cost_schedule_times_a_step_drafted_elsewhere_apart_from_the_step_before(clock):
+    """A head step (1 draft token), then a copy of 4 tokens verified in the next step: the curve gets each step's
+    own time at its own width; without ``drafted_elsewhere`` the head step was timed as both (2.2 s at 2 rows)."""
+    schedule = make_schedule("cost", 1, 4)
+    for _ in range(3):
+        assert schedule.length() >= 0
+        schedule.proposed(1)
+        clock.now += 1.0  # the head step's forward over 2 rows
+        schedule.update(1)
+        schedule.drafted_elsewhere(4)
+        clock.now += 1.2  # the copy's forward over 5 rows
+    schedule.length()
+    assert schedule.curve.mean == {2: pytest.approx(1.0), 5: pytest.approx(1.2)}
+    assert schedule.curve.count == {2: 3, 5: 3}
+    fixed = make_schedule("fixed", 1, 4)
+    fixed.drafted_elsewhere(4)  # other schedules time nothing
+    assert fixed.length() == 1
+
+
+def test_a_cut_of_drafted_tokens_counts_their_verify_time_only(clock):
+    """Drafted tokens' drafting time is spent: ``best_prefix`` keeps a token whose chance pays for its row, where
+    ``planned`` (would drafting it pay at all) also counts the drafting time; time a drafter reports as
+    ``not_drafting`` (a head catching up on committed pairs) stays out of the price per drafted token."""
+    schedule = _primed(0.3, 1.0, 0.1, 0.5)  # a row costs 0.1, drafting a token 0.5
+    assert schedule.best_prefix([0.3]) == 1  # (1 + 0.3) / 1.1 beats 1 / 1.0
+    assert schedule.planned([0.3]) == 0  # (1 + 0.3) / 1.6 does not
+    assert schedule.best_prefix([0.05]) == 0  # (1 + 0.05) / 1.1 does not pay its row
+    fresh = make_schedule("cost", 1, 4)
+    fresh.length()
+    clock.now += 5.0  # feeding the prompt's pairs
+    fresh.not_drafting(5.0)
+    clock.now += 0.4  # one draft token
+    fresh.proposed(1)
+    assert fresh.draft_seconds == pytest.approx(0.4)
+
+
+def test_a_head_drafters_copy_step_is_timed_as_its_own_step(monkeypatch):
+    """``HeadDrafter.propose`` tells the schedule when the step verifies a copy instead of the head's draft."""
+    from paradecode.drafters.head_drafter import HeadDrafter
+
+    calls = []
+
+    class Schedule:
+        def drafted_elsewhere(self, drafted):
+            calls.append(drafted)
+
+    drafter = HeadDrafter.__new__(HeadDrafter)
+    drafter.schedule = Schedule()
+    monkeypatch.setattr(HeadDrafter, "copy_draft", lambda self, state: Proposal(tokens=[5, 6, 7]))
+    assert drafter.propose(None).tokens == [5, 6, 7] and calls == [3]
+    monkeypatch.setattr(HeadDrafter, "copy_draft", lambda self, state: None)
+    monkeypatch.setattr(HeadDrafter, "head_draft", lambda self, state: Proposal(tokens=[9]))
+    assert drafter.propose(None).tokens == [9] and calls == [3]
 
 
 def test_cost_schedule_stops_drafting_when_it_does_not_pay_and_probes_less_and_less(clock):

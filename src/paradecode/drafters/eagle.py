@@ -16,6 +16,8 @@ none, so its first step drafts nothing.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 
 import torch
@@ -74,10 +76,14 @@ class EagleDrafter(HeadDrafter):
     def head_draft(self, state: DecodeState) -> Proposal:
         length = self.chain_length(state)
         if state.max_draft > 0 and length > 0 and self.pending:
+            start = time.perf_counter()
             features = self.module.fuse(torch.cat([f for f, _ in self.pending]))  # [T, D]
             out, logits = self._feed(features, [t for _, tokens in self.pending for t in tokens], None, None,
                                      last_logits=True)  # [T, D], [1, Vd]
             self.root_feature, self.root_logits, self.pending = out[-1], logits[-1], []
+            # catching up on the committed pairs (at a request's first draft, the whole prompt's) is not what a
+            # draft token costs: the schedule's price per drafted token leaves it out
+            self.schedule.not_drafting(time.perf_counter() - start)
         if self.root_feature is None or state.max_draft <= 0 or length <= 0:
             self.drafted(0)
             return Proposal()

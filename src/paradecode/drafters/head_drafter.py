@@ -199,7 +199,10 @@ class HeadDrafter(ScheduledDrafter):
     def propose(self, state: DecodeState) -> Proposal:
         """A copy where the text repeats itself (``copy_draft``), else the head's draft (``head_draft``)."""
         copied = self.copy_draft(state)
-        return copied if copied is not None else self.head_draft(state)
+        if copied is None:
+            return self.head_draft(state)
+        self.schedule.drafted_elsewhere(len(copied.tokens))
+        return copied
 
     def head_draft(self, state: DecodeState) -> Proposal:
         """The step's draft from the head (each kind's own)."""
@@ -241,16 +244,18 @@ class HeadDrafter(ScheduledDrafter):
     def finish(self, proposal: Proposal) -> Proposal:
         """The step's proposal as sent: when cutting, the prefix of nodes (parents come before children, so
         every prefix is a tree) that maximises expected tokens per second, where a node's chance is the
-        product of its path's calibrated confidences and the cost is the schedule's measured verify time.
-        A cut that keeps nothing means the head ran for nothing: the head then rests 1, 2, 4, ... (at most
-        ``MAX_REST``) steps, each plain decoding without a head forward, until a cut keeps a node again (a
-        head that never pays costs a head forward every ``MAX_REST`` steps; the schedule's one-token probes
-        still come, from the steps it runs)."""
+        product of its path's calibrated confidences and the cost is the schedule's measured verify time (the
+        head's time is spent by now: counting it too cut drafts that paid their rows, and ``eagle`` drafted
+        nothing on half its steps). Where the nodes would not have paid for the head's time as well, the head
+        ran for nothing: it then rests 1, 2, 4, ... (at most ``MAX_REST``) steps, each plain decoding without a
+        head forward, until its nodes pay again (a head that never pays costs a head forward every ``MAX_REST``
+        steps; the schedule's one-token probes still come, from the steps it runs)."""
         if self.cutting and proposal.tokens and proposal.confidences is not None:
-            keep = self.schedule.best_prefix(self.calibration.path_chances(proposal.confidences,
-                                                                            proposal.node_parents))
-            self.empty_cuts = self.empty_cuts + 1 if keep == 0 else 0
-            self.rest = min(2 ** (self.empty_cuts - 1), self.MAX_REST) if keep == 0 else 0
+            chances = self.calibration.path_chances(proposal.confidences, proposal.node_parents)
+            keep = self.schedule.best_prefix(chances)  # the head's time is spent: only the verify time counts
+            pays = self.schedule.planned(chances) > 0  # whether these nodes were worth the head's time as well
+            self.empty_cuts = self.empty_cuts + 1 if not pays else 0
+            self.rest = min(2 ** (self.empty_cuts - 1), self.MAX_REST) if not pays else 0
             proposal = Proposal(tokens=proposal.tokens[:keep], parents=tree_parents(proposal.node_parents[:keep]),
                                 confidences=proposal.confidences[:keep])
         self.last = proposal

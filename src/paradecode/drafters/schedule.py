@@ -82,11 +82,20 @@ class DraftSchedule:
 
     def best_prefix(self, chances: list[float]) -> int:
         """How many tokens of a candidate draft to keep, given the drafter's own estimate of the chance that
-        its first 1, 2, ... tokens are all accepted. Only the cost schedule weighs this against time."""
-        return self.planned(chances)
+        its first 1, 2, ... tokens are all accepted (drafted already). Only the cost schedule weighs this
+        against time."""
+        return self.planned(chances, drafted=True)
 
     def proposed(self, drafted: int) -> None:
         self.drafted = drafted
+
+    def drafted_elsewhere(self, drafted: int) -> None:
+        """The coming step verifies ``drafted`` tokens that another source drafted instead of this schedule's
+        drafter (a head drafter's copy, ``HeadDrafter.copy_draft``); its verdict does not come to ``update``."""
+
+    def not_drafting(self, seconds: float) -> None:
+        """``seconds`` of the drafting now under way went to something else than the draft's tokens (a head
+        feeding the pairs committed since it last ran)."""
 
     def update(self, accepted: int) -> None:
         """The verdict of the last proposal: ``accepted`` of its ``drafted`` tokens matched."""
@@ -99,9 +108,11 @@ class DraftSchedule:
         """What ``candidates`` would say now, with no side effect."""
         return self.planned()
 
-    def planned(self, chances: list[float] | None = None) -> int:
+    def planned(self, chances: list[float] | None = None, drafted: bool = False) -> int:
         """What ``length`` (or, given the chances, ``best_prefix``) would say now, with no side effect: for a
-        drafter's ``peek``."""
+        drafter's ``peek``. ``drafted``: the chances' tokens are drafted already, so their drafting time is
+        spent whatever is kept (``best_prefix``'s case); without it the cost schedule counts that time too,
+        which answers whether drafting them pays at all."""
         return self.num_draft if chances is None else len(chances)
 
 
@@ -110,7 +121,7 @@ class HeuristicSchedule(DraftSchedule):
         super().__init__(num_draft, max_num_draft)
         self.current = num_draft
 
-    def planned(self, chances: list[float] | None = None) -> int:
+    def planned(self, chances: list[float] | None = None, drafted: bool = False) -> int:
         return self.current if chances is None else len(chances)
 
     def judged(self, drafted: int, accepted: int) -> None:
@@ -312,12 +323,12 @@ class CostSchedule(DraftSchedule):
         return self._best(self.profile.expected_accepted())
 
     def best_prefix(self, chances: list[float]) -> int:
-        return self._probed(self.planned(chances)) if chances else 0
+        return self._probed(self.planned(chances, drafted=True)) if chances else 0
 
     def planned_candidates(self) -> int:
         return self.num_draft if self.curve.empty else self.max_num_draft
 
-    def planned(self, chances: list[float] | None = None) -> int:
+    def planned(self, chances: list[float] | None = None, drafted: bool = False) -> int:
         """Without a timed step yet, the base schedule's answer (under load with a measured curve, its shape
         decides already: a first step's full-length draft would cost every request in the pass); then the
         length that maximises tokens per second (no probe of an idle schedule: ``length`` and ``best_prefix``
@@ -326,7 +337,7 @@ class CostSchedule(DraftSchedule):
             return super().planned(chances)
         if chances is None:
             return self.best_length()
-        return self._best([0.0, *itertools.accumulate(chances)])
+        return self._best([0.0, *itertools.accumulate(chances)], drafted)
 
     def _load(self) -> Load:
         return self.load() if self.load is not None else Load()
@@ -334,10 +345,11 @@ class CostSchedule(DraftSchedule):
     def _probed(self, k: int) -> int:
         return k if self.curve.empty else self._probe(k)
 
-    def _best(self, expected: list[float]) -> int:
+    def _best(self, expected: list[float], drafted: bool = False) -> int:
         """argmax_k (1 + expected[k]) / (verify(1 + k) + k * draft_per_token): tokens per second; under load, the
-        whole pass's tokens per second (see the module's docstring)."""
-        draft = self.draft_seconds or 0.0
+        whole pass's tokens per second (see the module's docstring). ``drafted``: the candidates are drafted
+        already, so their drafting time is spent whatever is kept and only the verify time counts."""
+        draft = 0.0 if drafted else self.draft_seconds or 0.0
         load = self._load()
         if load.rows > 0:
             if self.curve.shape:  # the measured cost of a pass by its total rows; this request's own steps ran
@@ -382,6 +394,24 @@ class CostSchedule(DraftSchedule):
             self.draft_seconds = per_token if old is None else old + (min(per_token, 3 * old) - old) / 8
         self.drafted = drafted
         self._verify_start = now
+
+    def drafted_elsewhere(self, drafted: int) -> None:
+        """The step in flight ends here, and the coming one is timed as a step over 1 + ``drafted`` rows: it is
+        one on the same forward, though neither its drafting time nor its verdict is this schedule's. Without
+        this a copy step's time ran into the step before it: a head step followed by a copy was timed as two
+        steps at the head step's width."""
+        now = time.perf_counter()
+        if self._verify_start is not None and self.times_steps:
+            self.curve.add(1 + self.drafted, now - self._verify_start)
+        self.drafted = drafted
+        self._verify_start = now
+
+    def not_drafting(self, seconds: float) -> None:
+        """Leave ``seconds`` out of this step's drafting time. A head's feed of the prompt at its first draft
+        made the first price per drafted token 7 ms where a head step takes ~0.4 (SmolLM2-135M, AMD EPYC Zen 4),
+        and with the catch-up feeds after copies the price stayed at 0.9-1 ms: the schedule cut drafts that
+        paid."""
+        self._propose_start += seconds
 
     def judged(self, drafted: int, accepted: int) -> None:
         if drafted:

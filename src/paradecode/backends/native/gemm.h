@@ -168,11 +168,15 @@ constexpr bool kOffsetSums = false;
 #endif
 
 constexpr int64_t kChunkQuads = 8;  // k quads per chunk: a tile's weights for one chunk stay in L1 across rows
-// With several rows, the weights 64 quads (4 KiB per block) ahead are asked into L2 while a chunk is multiplied:
+// With several rows, the weights 32 quads (2 KiB per block) ahead are asked into L2 while a chunk is multiplied:
 // the rows' multiply-adds then overlap the memory read instead of waiting for it. Measured on an AMD EPYC Zen 4
-// (2 threads, the 135M model's matrices): 4 rows 5.6 -> 5.0 ms, 8 rows 6.2 -> 5.9 ms per forward's GEMMs; asking
-// into L1 (a chunk or two ahead) was slower than no prefetch at all (8 rows 7.0 ms), as was a non-temporal hint.
-constexpr int64_t kPrefetchQuads = 64;
+// (2 threads, the 135M model's matrices): 64 quads ahead against none, 4 rows 5.6 -> 5.0 ms, 8 rows 6.2 -> 5.9 ms
+// per forward's GEMMs; asking into L1 (a chunk or two ahead) was slower than no prefetch at all (8 rows 7.0 ms),
+// as was a non-temporal hint. 32 quads against 64 (the same CPU kind, a forward's 120 matrices of 135M shapes,
+// 106 MB, the two alternating rep by rep, median of 41 per-rep ratios, two runs): 0.930-0.936x at 8 rows,
+// 0.935-0.940x at 4, 0.985-0.993x at 16; 24 and 40 quads within 2% of 32, 16 and 48 quads 0.96-0.97x
+// (benchmarks/int8_tiles.py compares such variants).
+constexpr int64_t kPrefetchQuads = 32;
 constexpr int kMaxTileRows = 64;     // rows whose sums one tile keeps (more rows: several passes over the tile)
 
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows), MR rows at a time: y[r * y_stride + c] for the tile's

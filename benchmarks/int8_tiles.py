@@ -7,7 +7,8 @@ that packs 30 layers of SmolLM2-135M's four projections (106 MB of random int8 w
 so every pass streams them from memory as a forward does) and runs each variant's GEMMs over all of them, the
 variants taking turns rep by rep, on 2 threads that split each matrix's column blocks as the forward does. A
 variant is ``MRxNB/CHUNK/PREFETCH``: rows x 16-column blocks per register tile, k quads per chunk, and how many
-quads ahead the weights are asked into L2 (``gemm.h``'s kTileRows x kTileBlocks, kChunkQuads, kPrefetchQuads).
+quads ahead the weights are asked into L2 (``gemm.h``'s kTileRows x kTileBlocks, kChunkQuads, kPrefetchQuads;
+``gemm_blocks`` takes the last two as template arguments).
 Prints each variant's median time per forward's GEMMs and the median of its per-rep ratios to the first variant:
 the machine's drift falls on every variant alike, so the ratio is what to read.
 """
@@ -38,35 +39,10 @@ SOURCE = r"""
 using namespace paradecode;
 
 template <int MR, int NB, int CHUNK, int PF>
-void blocks_v(const PackedInt8& w, int64_t b0, const int8_t* q, int64_t q_stride, const int32_t* rowsum,
-              int64_t rows, float* y, int64_t y_stride) {  // gemm_blocks with the variant's constants
-  alignas(64) int32_t sums[kMaxTileRows * NB * kBlockCols];
-  std::fill(sums, sums + rows * NB * kBlockCols, 0);
-  const int64_t block_bytes = w.kq * 64;
-  const uint8_t* wb = w.data + b0 * block_bytes;
-  for (int64_t i0 = 0; i0 < w.kq; i0 += CHUNK) {
-    const int64_t i1 = std::min<int64_t>(w.kq, i0 + CHUNK);
-    if (rows > 1) {
-      const uint8_t* ahead = wb + (i0 + PF) * 64;
-      for (int b = 0; b < NB; ++b)
-        for (int64_t off = 0; off < (i1 - i0) * 64; off += 64) __builtin_prefetch(ahead + b * block_bytes + off, 0, 2);
-    }
-    row_tiles<MR>(rows, [&](auto mr, int64_t r) {
-      gemm_tile<decltype(mr)::value, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
-    });
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int32_t offset = kOffsetSums ? 128 * rowsum[r] : 0;
-    for (int64_t c = 0; c < NB * kBlockCols; ++c)
-      y[r * y_stride + c] = static_cast<float>(sums[r * NB * kBlockCols + c] - offset) * w.scale[b0 * kBlockCols + c];
-  }
-}
-
-template <int MR, int NB, int CHUNK, int PF>
 void run_v(const PackedInt8& w, const int8_t* q, const int32_t* rowsum, int64_t rows, float* y, int64_t b0,
            int64_t b1, float* spill) {
   for_blocks<NB>(w.n, rows, y, w.n, b0, b1, spill, [&](auto nb, int64_t b, float* out, int64_t stride) {
-    blocks_v<MR, decltype(nb)::value, CHUNK, PF>(w, b, q, w.kq * 4, rowsum, rows, out, stride);
+    gemm_blocks<MR, decltype(nb)::value, CHUNK, PF>(w, b, q, w.kq * 4, rowsum, rows, out, stride);
   });
 }
 

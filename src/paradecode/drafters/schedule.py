@@ -379,12 +379,17 @@ class CostSchedule(DraftSchedule):
         self.idle_steps, self.probe_after = 0, 2 * self.probe_after
         return 1
 
-    def _start_step(self) -> None:
+    def _end_step(self) -> float:
+        """Time the step in flight (its forward and the engine's work since ``proposed``) into the curve, at its
+        rows; returns now."""
         now = time.perf_counter()
         if self._verify_start is not None and self.times_steps:
             self.curve.add(1 + self.drafted, now - self._verify_start)
+        return now
+
+    def _start_step(self) -> None:
+        self._propose_start = self._end_step()
         self._verify_start = None
-        self._propose_start = now
 
     def proposed(self, drafted: int) -> None:
         now = time.perf_counter()
@@ -400,11 +405,8 @@ class CostSchedule(DraftSchedule):
         one on the same forward, though neither its drafting time nor its verdict is this schedule's. Without
         this a copy step's time ran into the step before it: a head step followed by a copy was timed as two
         steps at the head step's width."""
-        now = time.perf_counter()
-        if self._verify_start is not None and self.times_steps:
-            self.curve.add(1 + self.drafted, now - self._verify_start)
+        self._verify_start = self._end_step()
         self.drafted = drafted
-        self._verify_start = now
 
     def not_drafting(self, seconds: float) -> None:
         """Leave ``seconds`` out of this step's drafting time. A head's feed of the prompt at its first draft

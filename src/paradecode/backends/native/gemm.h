@@ -180,18 +180,18 @@ constexpr int64_t kPrefetchQuads = 32;
 constexpr int kMaxTileRows = 64;     // rows whose sums one tile keeps (more rows: several passes over the tile)
 
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows), MR rows at a time: y[r * y_stride + c] for the tile's
-// 16 * NB columns.
-template <int MR, int NB>
+// 16 * NB columns. (Chunk and Prefetch: kChunkQuads and kPrefetchQuads, other values for benchmarks/int8_tiles.py.)
+template <int MR, int NB, int64_t Chunk = kChunkQuads, int64_t Prefetch = kPrefetchQuads>
 inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_t q_stride, const int32_t* rowsum,
                         int64_t rows, float* y, int64_t y_stride) {
   alignas(64) int32_t sums[kMaxTileRows * NB * kBlockCols];
   std::fill(sums, sums + rows * NB * kBlockCols, 0);
   const int64_t block_bytes = w.kq * 64;
   const uint8_t* wb = w.data + b0 * block_bytes;
-  for (int64_t i0 = 0; i0 < w.kq; i0 += kChunkQuads) {
-    const int64_t i1 = std::min(w.kq, i0 + kChunkQuads);
+  for (int64_t i0 = 0; i0 < w.kq; i0 += Chunk) {
+    const int64_t i1 = std::min(w.kq, i0 + Chunk);
     if (rows > 1) {  // past the end: the next tile's weights, which this thread reads next
-      const uint8_t* ahead = wb + (i0 + kPrefetchQuads) * 64;
+      const uint8_t* ahead = wb + (i0 + Prefetch) * 64;
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < (i1 - i0) * 64; off += 64) __builtin_prefetch(ahead + b * block_bytes + off, 0, 2);
     }

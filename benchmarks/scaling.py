@@ -331,6 +331,10 @@ def report(args: argparse.Namespace) -> int:
     if missing:
         print(f"error: no records of {', '.join(missing)} in {args.records}", file=sys.stderr)
         return 2
+    if heads and any("weight_bytes" not in row for key, row in rows.items() if key.endswith("|ours q4")):
+        print("error: --heads prices a head step by the q4 model's bytes, which these results do not record: "
+              "time them again with this version's `run --force`.", file=sys.stderr)
+        return 2
     lines = []
     machine = results["machines"][-1]
     lines.append(f"Machine: {machine['cpu']}, {machine['threads']} threads, ISA {' '.join(machine['isa'])}"
@@ -398,7 +402,8 @@ def report(args: argparse.Namespace) -> int:
             if ours is None or size not in best_llama:
                 continue
             llama_rate = 1.0 / best_llama[size][1][1]
-            fraction = head_step_bytes(size, args.draft_vocab) / rows[f"{size}|ours q4"]["weight_bytes"]
+            fraction = (head_step_bytes(size, args.draft_vocab) / rows[f"{size}|ours q4"]["weight_bytes"]
+                        if heads else 0.0)
             rates = {m: steps[m].rate(ours, fraction) for m in methods}
             best = max(rates, key=rates.get)
             cells = [f"{rates[m]:.1f} ({rates[m] / llama_rate:.2f}x)" for m in methods]

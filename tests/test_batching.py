@@ -503,6 +503,7 @@ def test_a_shared_pass_computes_full_logits_where_any_of_its_passes_reads_them(b
     runs the native head in the mode every pass in it can take (full where any wants full; none where none wants
     logits), and each pass gets its own rows."""
     from paradecode.backends.base import ARGMAX
+    from paradecode.backends.native import ARGMAX_LOGITS, FULL_LOGITS, NO_LOGITS
     from paradecode.backends.sequences import _Pass
 
     batcher = backend.batcher(8 << 20)
@@ -520,8 +521,8 @@ def test_a_shared_pass_computes_full_logits_where_any_of_its_passes_reads_them(b
     sequences = [batcher.open(64) for _ in range(2)]
     layers = tuple(range(backend.num_layers))
     prompt = torch.arange(1, 9) % backend.vocab_size
-    for wants, mode in [((True, ARGMAX), 1), ((ARGMAX, ARGMAX), 2), ((ARGMAX, False), 2), ((False, False), 0),
-                        ((True, False), 1)]:
+    for wants, mode in [((True, ARGMAX), FULL_LOGITS), ((ARGMAX, ARGMAX), ARGMAX_LOGITS),
+                        ((ARGMAX, False), ARGMAX_LOGITS), ((False, False), NO_LOGITS), ((True, False), FULL_LOGITS)]:
         for s in sequences:
             s.rollback(0)
         batch = [_Pass(s, prompt, torch.arange(8), None, 0, layers, want) for s, want in zip(sequences, wants)]

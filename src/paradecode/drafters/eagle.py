@@ -17,7 +17,6 @@ none, so its first step drafts nothing.
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass
 
 import torch

@@ -191,6 +191,38 @@ def test_eagle_tree_children_rank_by_their_branch_logits(setup, native, monkeypa
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_native_feed_that_skips_rows_gives_them_the_same_bits(setup, kind):
+    """A catch-up feed reading only its last pair's draft logits (``skip``) runs one pass whose other rows skip the
+    LM head: the output features, the last logits and the cache left behind are those of a feed reading every
+    row's logits; the rows fed are left as they were. A skip that leaves no row is a clear error."""
+    from paradecode.backends import native
+    from paradecode.drafters.head_drafter import load_runtime
+
+    if native.load() is None:
+        pytest.skip("the native kernels are not built here")
+    runtime = load_runtime(str(setup.heads[kind].resolve()), kind, str(setup.model_dir.resolve()), 0, "int8")
+    d = runtime.head.module.shape.hidden_size
+    generator = torch.Generator().manual_seed(9)
+    pairs = torch.cat((runtime.embed[torch.randint(runtime.vocab, (8,), generator=generator)],
+                       torch.randn(8, d, generator=generator)), -1)  # [8, 2D]
+    given = pairs.clone()
+    results = []
+    for skip in (0, 5, 7):
+        layer = runtime.native_layer(64)
+        out, logits = layer(pairs, None, None, skip=skip)
+        assert logits.shape[0] == 8 - skip and layer.length == 8
+        after = layer(pairs[:1], None, None)  # a step after the feed reads the cache it left
+        results.append((skip, out, logits, after))
+    assert torch.equal(pairs, given), "a feed wrote into the caller's rows (EAGLE-3: a one-row feature half)"
+    _, out0, logits0, after0 = results[0]
+    for skip, out, logits, after in results[1:]:
+        assert torch.equal(out, out0) and torch.equal(logits, logits0[skip:])
+        assert torch.equal(after[0], after0[0]) and torch.equal(after[1], after0[1])
+    with pytest.raises(ValueError, match="skip"):
+        runtime.native_layer(64)(pairs, None, None, skip=8)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_unrolled_training_passes_compute_what_drafting_computes(setup, kind):
     """Pass k of the training unroll at position r + k - 2 equals the depth-k chain draft from root r (EAGLE-3:
     pass 1 reads the target's aux features, deeper passes the head's own outputs)."""

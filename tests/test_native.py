@@ -423,6 +423,32 @@ def test_argmax_logits_keep_every_rows_argmax_and_its_bits(kernels):
     assert differ > 0, "every entry was exact: the skipped residual rows were never skipped"
 
 
+@pytest.mark.parametrize("mode", [native.FULL_LOGITS, native.ARGMAX_LOGITS])
+def test_logits_from_a_row_on_are_those_rows_logits_to_the_bit(mode):
+    """``logits_from=k`` (a head's catch-up feed: the last pair's logits only) runs the LM head on rows k..T-1 of
+    the pass and gives them the bits a pass reading every row's logits gives them; the cache is the same either
+    way. A row outside the pass is a clear error."""
+    backend = int8_backend(5, "tiles")
+    ids = tokens(12, seed=4)
+    pages = torch.arange(backend.max_length // PAGE, dtype=torch.int32)
+    layers = list(range(backend.shape.num_layers))
+
+    def run_pass(logits_from: int):  # the pass at slots 0..11 (written over each time), then a row after it
+        _, logits, _ = backend._native.forward(ids, None, [(pages, 0, 12, None)], layers, mode,
+                                               logits_from=logits_from)
+        after = backend._native.forward(ids[:1], None, [(pages, 12, 1, None)], layers, native.FULL_LOGITS)[1]
+        return logits, after
+
+    every, after_every = run_pass(0)
+    for k in (11, 5):
+        some, after_some = run_pass(k)
+        assert some.shape == (12 - k, every.shape[1])
+        assert torch.equal(some, every[k:])
+        assert torch.equal(after_some, after_every)
+    with pytest.raises(RuntimeError, match="logits_from"):
+        backend._native.forward(ids, None, [(pages, 0, 12, None)], layers, mode, logits_from=12)
+
+
 def test_greedy_decoding_reads_argmax_logits_and_matches_full_logits_decoding():
     """The engine asks a greedy decode's passes for ARGMAX logits; its tokens are the argmax of full logits, one
     token at a time, for plain decoding and for a drafting method; with log-probabilities read it asks for full

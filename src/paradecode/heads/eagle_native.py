@@ -95,24 +95,16 @@ class NativeEagleLayer:
     def __call__(self, pairs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
                  skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed pairs [T, 2D] ([embedding ; feature] rows) at the next T slots -> (output features [T, D], draft
-        logits [T - skip, Vd] of the rows from ``skip`` on: T - 1 for the last pair's only). ``positions`` [T]
-        (RoPE) and ``mask`` [T, length + T] bool (True: may attend), or None for both: each pair at its slot,
-        causally (the skipped rows then run in a pass of their own, without the LM head)."""
-        t = pairs.shape[0]
+        logits [T - skip, Vd] of the rows from ``skip`` on: T - 1 for the last pair's only; the skipped rows
+        skip the LM head in the same pass). ``positions`` [T] (RoPE) and ``mask`` [T, length + T] bool (True: may
+        attend), or None for both: each pair at its slot, causally."""
+        start, t = self.length, pairs.shape[0]
         if self.length + t > self.slots:
             raise ValueError(f"the head's cache holds {self.slots} pairs; {self.length + t} asked")
-        pairs = pairs.float()
-        if skip > 0 and mask is None:  # e.g. a prompt's pairs: the LM head for the last one only
-            first, _ = self._pass(pairs[:skip], None, None, want_logits=False)
-            rest, logits = self._pass(pairs[skip:], None, None, want_logits=True)
-            return torch.cat((first, rest)), logits
-        out, logits = self._pass(pairs, positions, mask, want_logits=True)
-        return out, logits[skip:]
-
-    def _pass(self, pairs: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
-              want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        start, t = self.length, pairs.shape[0]
+        if not 0 <= skip < t:
+            raise ValueError(f"skip must leave at least one of the {t} rows for the draft logits, got {skip}")
         out, logits, _ = self.stack.forward(torch.empty(0, dtype=torch.long), positions,
-                                            [(self.pages, start, t, mask)], [0], want_logits, inputs=pairs)
+                                            [(self.pages, start, t, mask)], [0], True, inputs=pairs.float(),
+                                            logits_from=skip)
         self.length = start + t
         return out, logits

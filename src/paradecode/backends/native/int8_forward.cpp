@@ -179,15 +179,18 @@ class Int8Forward {
   // layer). A layer with an empty attention norm feeds its input to q/k/v as it is, one with a [2D] norm feeds
   // [norm(embedding) ; norm(residual)] (its two halves' weights), and an empty final norm returns the residual
   // stream. logits_mode: kNoLogits (a prefill skips the LM head), kFullLogits, or kArgmaxLogits (each row's argmax
-  // and its value exact, the rest within the precise head's residual of it: Projection::apply_argmax).
-  // Returns (final-normed hidden [T, D], logits [T, V] or undefined, captured [T, capture.size() * D] or
-  // undefined).
+  // and its value exact, the rest within the precise head's residual of it: Projection::apply_argmax);
+  // logits_from: the LM head runs on rows [logits_from, T) only, each with the bits it has in a pass of all T (a
+  // head's catch-up feed reads its last pair's draft distribution only, so its other pairs skip the LM head in the
+  // same pass). Returns (final-normed hidden [T, D], logits [T - logits_from, V] or undefined, captured
+  // [T, capture.size() * D] or undefined).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& ids,
                                                          const std::optional<at::Tensor>& positions,
                                                          const py::list& segment_list,
                                                          const std::vector<int64_t>& layers, int64_t logits_mode,
                                                          const std::vector<int64_t>& capture, bool hold_gil,
-                                                         const std::optional<at::Tensor>& inputs) {
+                                                         const std::optional<at::Tensor>& inputs,
+                                                         int64_t logits_from) {
     at::NoGradGuard no_grad;
     TORCH_CHECK(logits_mode == kNoLogits || logits_mode == kFullLogits || logits_mode == kArgmaxLogits,
                 "logits_mode must be 0 (none), 1 (full) or 2 (argmax)");
@@ -195,6 +198,8 @@ class Int8Forward {
     TORCH_CHECK(!inputs || (inputs->dim() == 2 && inputs->scalar_type() == at::kFloat &&
                             (inputs->size(1) == (input_ ? input_->k : d) || (!input_ && inputs->size(1) == 2 * d))),
                 "inputs must be float32 [T, ", input_ ? input_->k : d, "]", input_ ? "" : " or [T, 2 * hidden]");
+    TORCH_CHECK(logits_from >= 0 && (logits_from < t || logits_mode == kNoLogits),
+                "logits_from must be a row of the pass (0 .. T - 1), got ", logits_from, " of ", t);
     TORCH_CHECK(!positions || (positions->numel() == t && positions->scalar_type() == at::kLong),
                 "positions must be [T] int64 or None");
     std::vector<at::Tensor> keep_alive;
@@ -222,7 +227,8 @@ class Int8Forward {
       x = embed_.index_select(0, ids).contiguous();
     } else if (!input_ && inputs->size(1) == 2 * d) {
       pairs = inputs->contiguous();
-      x = pairs.narrow(1, d, d).contiguous();  // the residual stream starts at the feature
+      x = pairs.narrow(1, d, d).clone(at::MemoryFormat::Contiguous);  // the residual stream starts at the
+      // feature (a copy: of one row, contiguous() would be the caller's tensor, and the pass writes the stream)
     } else if (input_) {
       const at::Tensor in = inputs->contiguous();
       x = at::empty({t, d}, in.options());
@@ -280,12 +286,14 @@ class Int8Forward {
     if (norm_.numel() > 0) rms_norm(x.data_ptr<float>(), t, norm_, hidden.data_ptr<float>());
     at::Tensor logits;  // undefined (None) when not wanted: a prefill skips the LM head
     if (logits_mode != kNoLogits) {
-      logits = at::empty({t, head_.out_features()}, x.options());
+      const int64_t rows = t - logits_from;
+      const float* from = hidden.data_ptr<float>() + logits_from * d;
+      logits = at::empty({rows, head_.out_features()}, x.options());
       Clock head_clock;
       if (logits_mode == kArgmaxLogits)
-        head_.apply_argmax(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), head_clock, ws_);
+        head_.apply_argmax(kernel, from, rows, logits.data_ptr<float>(), head_clock, ws_);
       else
-        head_.apply(kernel, hidden.data_ptr<float>(), t, logits.data_ptr<float>(), false, head_clock, ws_);
+        head_.apply(kernel, from, rows, logits.data_ptr<float>(), false, head_clock, ws_);
     }
     clock_.lap(kHead);
     return {output_residual_ ? x : hidden, logits, captured};
@@ -598,5 +606,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stage_seconds", &Int8Forward::stage_seconds)
       .def("forward", &Int8Forward::forward, py::arg("ids"), py::arg("positions"), py::arg("segments"),
            py::arg("layers"), py::arg("logits_mode"), py::arg("capture") = std::vector<int64_t>(),
-           py::arg("hold_gil") = false, py::arg("inputs") = py::none());
+           py::arg("hold_gil") = false, py::arg("inputs") = py::none(), py::arg("logits_from") = 0);
 }

@@ -473,3 +473,116 @@ def test_int8_heads_quantize_every_linear_but_fc_including_the_draft_lm_head(set
         modules = list(runtime.module.named_modules()) + list(runtime.lm.named_modules())
         assert [name for name, m in modules if type(m) is torch.nn.Linear] == (["fc"] if kind != "medusa" else [])
         assert any("quantized" in type(m).__module__ for m in runtime.lm.modules())
+
+
+class _Scripted:
+    """Stands in for ``auto``'s other arms: proposes the scripted drafts in turn (right or wrong continuations) and
+    lets ``follower`` witness every verdict, as ``auto`` does for a head arm that did not propose the step."""
+
+    method_name = "scripted"
+    needs_hidden = True
+    draft_forward_passes = 0
+
+    def __init__(self, follower, script) -> None:
+        self.follower, self.script, self.state = follower, list(script), None
+        self.aux_layers = tuple(getattr(follower, "aux_layers", ()))  # the target features the follower reads
+
+    def wants_cost_curve(self) -> bool:
+        return False
+
+    def begin(self, state) -> None:
+        self.follower.begin(state)
+
+    def propose(self, state):
+        from paradecode.drafters.base import Proposal
+
+        self.state = state
+        tokens = self.script.pop(0) if self.script else []
+        return Proposal(tokens=[int(t) for t in tokens])
+
+    def observe(self, state, verdict) -> None:
+        assert self.follower.witness(state, verdict)
+
+    def end(self, state) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+def test_a_head_that_witnessed_other_drafters_steps_drafts_as_if_it_had_read_the_text_at_once(setup, kind):
+    """A head drafter that only witnessed the steps other drafters proposed (plain steps, accepted drafts, rejected
+    ones: ``auto``'s head arms) drafts next what a head begun on the whole text so far drafts: its features
+    follow the text without a re-sync (which ``begin`` cannot do: it has no features of generated text)."""
+    prompt = [4, 8, 15, 16, 23, 42, 7]
+    options = {"head": str(setup.heads[kind]), "depth": 3, "schedule": "fixed", "lookup": 0}  # the head's drafts
+    context = SimpleNamespace(model_dir=setup.model_dir, name="tiny")
+    greedy, _ = generate(setup, "ar", prompt, max_new_tokens=16)
+    # drafts from the greedy continuation (accepted), a wrong token (rejected), and plain steps, in turn
+    script = [[], greedy[1:3], [], [(greedy[4] + 1) % 40], greedy[5:8], [], greedy[9:10]]
+    follower = get_method(kind).create(options, context=context)
+    scripted = _Scripted(follower, script)
+    config = GenerationConfig(max_new_tokens=12, sampling=SamplingConfig())
+    out = [t for step in decode(setup.backend, scripted, prompt, config) for t in step]
+    assert out == greedy[:12]
+    state = scripted.state
+    text = list(state.tokens)
+    state.max_draft = 4
+    drafted = follower.propose(state)
+    fresh = get_method(kind).create(options, context=context)
+    backend = setup.backend
+    backend.reset()
+    out = backend.forward(torch.tensor(text[:-1]), return_hidden=True, aux_layers=getattr(fresh, "aux_layers", ()))
+    from paradecode.drafters.base import DecodeState
+
+    fresh_state = DecodeState(tokens=text, prompt_len=len(text), sampling=SamplingConfig(), rng=torch.Generator(),
+                              max_draft=4, target=backend,
+                              prompt_hidden=out.aux if getattr(fresh, "aux_layers", ()) else out.hidden)
+    fresh.begin(fresh_state)
+    expected = fresh.propose(fresh_state)
+    assert len(drafted.tokens) > 0 and drafted.tokens == expected.tokens
+    # the same head outputs, not merely the same argmax (within the fp32 target's last bits: its rows' features
+    # come from passes of other sizes here)
+    assert drafted.confidences == pytest.approx(expected.confidences, rel=1e-4)
+
+
+def test_auto_runs_a_shipped_head_as_an_arm_and_equals_ar(setup, tmp_path, monkeypatch):
+    """Where a head ships for the model, ``auto`` takes ``eagle`` among its default arms: it reads the target's
+    features every step, the head arm follows the other arms' steps (begun once per request, never re-synced),
+    and the output is plain decoding's. Under sampling the head arm (sampled drafts) sits out."""
+    import shutil
+
+    from paradecode.drafters import auto as auto_module
+    from paradecode.drafters.eagle import EagleDrafter
+    from paradecode.heads import store
+
+    weights = tmp_path / "weights"
+    shutil.copytree(setup.heads["eagle"], weights / "tiny-eagle")
+    monkeypatch.setattr(store, "WEIGHTS_DIR", weights)
+    begun = []
+    original_begin = EagleDrafter.begin
+    monkeypatch.setattr(EagleDrafter, "begin", lambda self, state: (begun.append(1), original_begin(self, state)))
+    context = SimpleNamespace(model_dir=setup.model_dir, name="tiny", kept_file=lambda method, options: None)
+    prompt = [3, 9, 27, 5, 9, 27, 5, 9]
+    greedy, _ = generate(setup, "ar", prompt, max_new_tokens=40)
+    drafter = get_method("auto").create({"exploration": 4.0, "keep": False}, context=context)
+    assert "eagle" in drafter.arms and drafter.needs_hidden
+    stats = DecodeStats()
+    config = GenerationConfig(max_new_tokens=40, sampling=SamplingConfig())
+    out = [t for step in decode(setup.backend, drafter, prompt, config, stats=stats) for t in step]
+    assert out == greedy
+    arms = stats.info["auto"]["candidates"]
+    assert arms["eagle"]["steps"] >= 2 and sum(arm["steps"] for arm in arms.values()) > arms["eagle"]["steps"]
+    assert len(begun) == 1  # followed the other arms' steps instead of re-beginning
+    sampled = [t for step in decode(setup.backend, drafter, prompt,
+                                    GenerationConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0,
+                                                                                               seed=1)))
+               for t in step]
+    assert len(sampled) == 8 and "eagle" not in drafter.active
+    shutil.copytree(setup.heads["eagle3"], weights / "tiny-eagle3")  # reads other features: one kind per request
+    mixed = get_method("auto").create({"candidates": "ar,eagle,eagle3", "keep": False}, context=context)
+    assert "eagle" in mixed.arms and "other target features" in mixed.skipped["eagle3"]
+    monkeypatch.setattr(store, "WEIGHTS_DIR", tmp_path / "none")
+    assert "eagle" not in get_method("auto").create({"keep": False}, context=context).arms
+    assert auto_module.DEFAULT_HEADS == ("eagle",)

@@ -1,4 +1,5 @@
-"""Pick the fastest drafter for this request while decoding: a bandit over `ar`, `pld`, `ngram` (or those listed).
+"""Pick the fastest drafter for this request while decoding: a bandit over `ar`, `pld`, `ngram` and, where a head
+ships for the model, `eagle` (or those listed).
 
 Each step ``auto`` hands the step to one candidate drafter (an *arm*) and measures, itself, what the step
 gave: committed tokens and seconds from its ``propose`` to the end of its ``observe`` (drafting, the target's
@@ -86,9 +87,15 @@ EPYC Zen 4, 2026-12-04, one run) ``auto`` over all seven ran at 0.90x ``ngram``,
 over the three at 0.96x. ``pld-tree`` was the worst: 1.05x ``ar`` as a fixed method, but its peeks (many nodes, a
 long accepted path) rated it above ``ngram`` on question after question and it took 30% of the tokens; ``jacobi``,
 ``lookahead`` and ``layerskip`` (1.08x, 0.71x, 0.94x ``ar``) cost their warm-up and exploration steps and were
-never the best in a category. Every arm gets ``begin`` at the start of the request. Only the arm that proposed a
-step sees its verdict; an arm that missed verdicts is re-synced with ``begin`` before it drafts again, unless it
-declares ``observe_optional = True`` (its state follows ``state.tokens`` by itself) or has no ``observe`` at all.
+never the best in a category. Where a trained head ships for the model (``DEFAULT_HEADS``: ``eagle``, with its
+copies of repeated text), its drafter is a default arm too; ``auto`` then asks the target for its hidden states at
+every step, whichever arm proposed it (arms reading different features, EAGLE's last hidden state and EAGLE-3's
+layer inputs, cannot share a request: the later candidate is skipped). Every arm gets ``begin`` at the start of
+the request. Only the arm that proposed a step sees its verdict (``observe``); the others ``witness`` it: a head
+arm takes the step's features and tokens to feed its head when it next drafts (``begin`` could not re-sync it:
+it has no features of the text generated since the prompt). An arm that cannot witness a step is re-synced with
+``begin`` before it drafts again, unless it declares ``observe_optional = True`` (its state follows
+``state.tokens`` by itself) or has no ``observe`` at all.
 Output is exact whatever the choice: every arm is a lossless method verified by the engine. Under sampling
 only the arms whose drafts draw nothing from the random stream run (not ``layerskip`` or a draft model's
 sampled chains): each emitted token is then one draw from the target's distribution in turn, the draws plain
@@ -117,11 +124,13 @@ from dataclasses import dataclass, field
 from paradecode.drafters.base import DecodeState, Drafter, Proposal
 from paradecode.drafters.schedule import CostCurve
 from paradecode.errors import ParadecodeError
+from paradecode.heads.store import shipped_head
 from paradecode.kept import KeptFile
 from paradecode.registry import get_method, method_names, register, resolve_drafter, takes_draft_model
 from paradecode.verify.base import Verdict
 
 DEFAULT_CANDIDATES = ("ar", "pld", "ngram")  # the rest by the candidates option (see "Candidates" above)
+DEFAULT_HEADS = ("eagle",)  # default candidates too, on a model a head of theirs ships for
 LAGGARD_EVERY = 4  # an arm under the laggard option's share of the best rate is peeked at every 4th round
 EXCESS_PRIOR = 5.0  # steps' worth of weight for "no excess" in an arm's discounted mean excess
 OUTLIER = 4.0  # a step counts as at most this many times its modelled time (steps vary ~2x in tokens)
@@ -129,7 +138,7 @@ OUTLIER = 4.0  # a step counts as at most this many times its modelled time (ste
 
 @dataclass(frozen=True)
 class AutoOptions:
-    candidates: str = ""  # comma-separated methods; "": ar, pld, ngram and any method declaring training_free
+    candidates: str = ""  # comma-separated methods; "": ar, pld, ngram, eagle where its head ships, training_free ones
     draft_model: str = ""  # also try the methods that need a draft model, with this one
     warmup: int = 1  # steps each candidate gets before the bandit chooses
     exploration: float = 0.25  # scale of the UCB bonus (0: always the best measured rate)
@@ -142,6 +151,7 @@ class AutoOptions:
     probes: bool = True  # peeks teach an arm by its longer probe draft where it offers one (Drafter.peek)
     quiet_doublings: int = 1  # peek rounds that found nothing to accept stretch the period up to 2^this x (0: never)
     fallback: bool = True  # a chosen drafting arm that drafts nothing hands the step to the best one above ar that does
+    retry_every: int = 64  # a drafting arm auto cannot peek at gets a step after this many without one (0: never)
     keep: bool = True  # keep the estimates for the next request on the same loaded model
     persist: bool = True  # with keep: also in the cache folder, for later processes on this model and machine
 
@@ -162,6 +172,8 @@ class AutoOptions:
             raise ParadecodeError(f"auto option quiet_doublings must be in 0..10, got {self.quiet_doublings}.")
         if not 0 <= self.laggard < 1:
             raise ParadecodeError(f"auto option laggard must be in [0, 1), got {self.laggard}.")
+        if self.retry_every < 0:
+            raise ParadecodeError(f"auto option retry_every must be >= 0, got {self.retry_every}.")
 
 
 @dataclass
@@ -197,6 +209,7 @@ class _Arm:
     stale: bool = False
     peekable: bool = False  # its drafter's peek says what it would propose (auto scores that against the text)
     peeks: int = 0  # peeks scored over the request, for the report
+    last_step: int = 0  # the request's step count when it last took a step (``retry_every``)
 
     @property
     def rate(self) -> float:
@@ -250,7 +263,9 @@ class AutoDrafter(Drafter):
         self.arms: dict[str, _Arm] = {}
         self.exact: set[str] = set()  # candidates that sample exactly
         self.skipped: dict[str, str] = {}  # candidate -> why it is not used
-        for name in _candidate_names(options):
+        self.aux_layers: tuple[int, ...] = ()  # the target features the head arms read (engine.Features)
+        heads = ""  # the first head arm: the others must read the same features
+        for name in _candidate_names(options, getattr(context, "name", None)):
             cls = get_method(name)
             if takes_draft_model(cls) and not options.draft_model:
                 self.skipped[name] = "needs a draft model (auto option draft_model)"
@@ -258,9 +273,16 @@ class AutoDrafter(Drafter):
             try:
                 choice = resolve_drafter(cls, draft_model=options.draft_model)
                 drafter = choice.create(context)
-            except ParadecodeError as error:
+            except ParadecodeError as error:  # e.g. eagle on a model no head ships for
                 self.skipped[name] = str(error)
                 continue
+            if drafter.needs_hidden:
+                layers = tuple(getattr(drafter, "aux_layers", ()))
+                if heads and layers != self.aux_layers:
+                    self.skipped[name] = (f"reads other target features than {heads} (auto hands its arms one "
+                                          f"kind: pick one of the two)")
+                    continue
+                heads, self.aux_layers = heads or name, layers
             resync = not cls.observe_optional and cls.observe is not Drafter.observe
             self.arms[name] = _Arm(drafter, resync, peekable=_peekable(cls))
             if choice.samples_exactly:
@@ -271,6 +293,10 @@ class AutoDrafter(Drafter):
     @property
     def draft_forward_passes(self) -> int:
         return sum(arm.drafter.draft_forward_passes for arm in self.arms.values())
+
+    @property
+    def needs_hidden(self) -> bool:  # the engine hands every step's target features over where a head arm reads them
+        return any(arm.drafter.needs_hidden for arm in self.arms.values())
 
     @classmethod
     def kept_across_requests(cls, options: AutoOptions) -> bool:
@@ -315,6 +341,7 @@ class AutoDrafter(Drafter):
         for name in self.active:
             self.arms[name].drafter.begin(state)
         self.current, self.switches, self.step_start, self.draft_seconds, self.rows = "", 0, 0.0, 0.0, 1
+        self.foreign = 0.0  # the chosen arm's catch-up seconds this step (Drafter.foreign_seconds)
         self.warmed = False  # every active arm has had its warm-up steps
         # Peeks score an arm's drafts on the text the chosen arms produce; greedy only (under sampling what is
         # accepted is a draw, not a match with the text)
@@ -343,7 +370,11 @@ class AutoDrafter(Drafter):
             name, arm, proposal, reason = self._fall_back(state, name, arm, proposal, reason)
         self.switches += bool(self.current) and name != self.current
         self.current = name
-        self.draft_seconds = time.perf_counter() - self.step_start
+        # a head's catch-up on text other arms drafted is the price of switching, not of its steps: left out of
+        # its rate (the prompt's feed on a long prompt made one step ~10x a normal one, and the arm, rated on its
+        # own steps only, was never chosen again)
+        self.foreign = arm.drafter.foreign_seconds if arm.drafter.drafts else 0.0
+        self.draft_seconds = time.perf_counter() - self.step_start - self.foreign
         self.rows = 1 + len(proposal.tokens)
         proposal.info = {**(proposal.info or {}), "auto": name, "auto_reason": reason}
         return proposal
@@ -436,7 +467,7 @@ class AutoDrafter(Drafter):
         chosen.drafter.observe(state, verdict)
         if self.rows > 1:
             self.quiet = 0  # a step drafted: the others are peeked at as often as ever, to compare
-        seconds = time.perf_counter() - self.step_start
+        seconds = time.perf_counter() - self.step_start - self.foreign
         tokens = len(verdict.committed_tokens)
         gamma = self.options.decay
         for name in self.active:
@@ -445,9 +476,10 @@ class AutoDrafter(Drafter):
             arm.estimate.discounted_seconds *= gamma
             arm.estimate.excess_sum *= gamma
             arm.estimate.excess_weight *= gamma
-            if arm is not chosen and arm.needs_resync:
-                arm.stale = True
+            if arm is not chosen and arm.needs_resync and not arm.stale and name in self.active:
+                arm.stale = not arm.drafter.witness(state, verdict)  # a head arm follows the text's features
         chosen.steps += 1
+        chosen.last_step = self.steps_taken
         chosen.tokens += tokens
         chosen.seconds += seconds
         estimate = chosen.estimate
@@ -476,6 +508,11 @@ class AutoDrafter(Drafter):
             self.warmed = True
         # Each arm's rate, within the margin in favour of the surer choice (``favour``); then the UCB bonus, which
         # shrinks with the arm's lifetime count (peeks included).
+        if self.options.retry_every:  # an arm rated on its own steps only: its rate is proven wrong by steps alone
+            for name, explored in zip(self.active, self.explored):
+                arm = self.arms[name]
+                if explored and arm.drafter.drafts and self.steps_taken - arm.last_step >= self.options.retry_every:
+                    return name, "retry"
         rates = self._favoured_rates()
         best = rates.index(max(rates))  # the first of equals, as max(key=) gives
         if not self.exploring:  # no bonus for any arm: the best rate
@@ -544,7 +581,7 @@ def _read_estimates(kept_file: KeptFile | None) -> dict[str, _Estimate]:
     return estimates
 
 
-def _candidate_names(options: AutoOptions) -> list[str]:
+def _candidate_names(options: AutoOptions, model_name: str | None = None) -> list[str]:
     registered = method_names()
     if options.candidates:
         names = [name.strip() for name in options.candidates.split(",") if name.strip()]
@@ -554,6 +591,7 @@ def _candidate_names(options: AutoOptions) -> list[str]:
             raise ParadecodeError("auto cannot be its own candidate.")
         return list(dict.fromkeys(names))
     names = [name for name in DEFAULT_CANDIDATES if name in registered]
+    names += [name for name in DEFAULT_HEADS if name in registered and shipped_head(name, model_name) is not None]
     names += [name for name in registered if get_method(name).training_free and name not in names]
     names += [name for name in registered if name not in names and takes_draft_model(get_method(name))]
     return [name for name in names if name != "auto"]  # draft-model methods are skipped without draft_model

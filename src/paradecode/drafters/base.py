@@ -121,6 +121,9 @@ class Drafter:
     # it with ``begin`` after steps another drafter took).
     observe_optional: ClassVar[bool] = False
     draft_forward_passes: int = 0  # forward passes of the drafter's own model (a draft model, a head, layer skip)
+    # seconds of the last ``propose`` spent catching up on text it did not draft itself (a head feeding the prompt's
+    # pairs, or those of steps it ``witness``-ed): ``auto`` leaves them out of the arm's rate
+    foreign_seconds: float = 0.0
     renamed_options: ClassVar[dict[str, str]] = {}  # old option name -> new one, still accepted (with a warning)
     drafts: ClassVar[bool] = True  # False: never proposes (ar), and gets no grammar-forced drafts either
     # True: under sampling, drafting draws from the request's random stream (a draft model's sampled chain, a
@@ -173,6 +176,13 @@ class Drafter:
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         """Called after the engine committed ``verdict``; ``state.tokens`` already includes it."""
+
+    def witness(self, state: DecodeState, verdict: Verdict) -> bool:
+        """Called instead of ``observe`` after a step another drafter proposed (``auto``'s other arms): follow the
+        committed text without learning from the verdict (it judged another's draft). False (the default): this
+        drafter cannot, and ``auto`` re-syncs it with ``begin`` before it drafts again (a trained head cannot be
+        re-synced: ``begin`` has no features of the text generated so far)."""
+        return False
 
     def end(self, state: DecodeState) -> None:
         """Called once per request after its last step (not when the caller abandons the request midway)."""

@@ -68,6 +68,7 @@ class EagleDrafter(HeadDrafter):
         # nothing (the cost schedule's choice when drafting does not pay) costs no head forward
         self.pending: list[tuple[torch.Tensor, list[int]]] = [(features, state.tokens[1 : state.prompt_len])] \
             if features is not None else []
+        self.foreign_pairs = sum(len(tokens) for _, tokens in self.pending)  # pending pairs it did not draft for
         self.root_feature: torch.Tensor | None = None  # [D] predicted feature of the root
         self.root_logits: torch.Tensor | None = None  # [Vd] its draft logits: the distribution after the root
 
@@ -82,7 +83,10 @@ class EagleDrafter(HeadDrafter):
             self.root_feature, self.root_logits, self.pending = out[-1], logits[-1], []
             # catching up on the committed pairs (at a request's first draft, the whole prompt's) is not what a
             # draft token costs: the schedule's price per drafted token leaves it out
-            self.schedule.not_drafting(time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.schedule.not_drafting(seconds)
+            self.foreign_seconds = seconds * self.foreign_pairs / out.shape[0]  # the prompt's, other drafters' steps'
+            self.foreign_pairs = 0
         if self.root_feature is None or state.max_draft <= 0 or length <= 0:
             self.drafted(0)
             return Proposal()
@@ -112,9 +116,15 @@ class EagleDrafter(HeadDrafter):
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         self.accepted(verdict)
+        self.witness(state, verdict)
+        self.foreign_pairs -= 1 + len(verdict.accepted)  # its own step's pairs
+
+    def witness(self, state: DecodeState, verdict: Verdict) -> bool:
         rows = [0] + [1 + i for i in verdict.accepted]  # the root and the accepted nodes
         features = verdict.target_hidden[rows].float()  # [A+1, D]
         self.pending.append((features, verdict.accepted_tokens + [verdict.next_token]))
+        self.foreign_pairs += len(rows)
+        return True
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor | None,
               mask: torch.Tensor | None, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -198,6 +198,7 @@ class HeadDrafter(ScheduledDrafter):
 
     def propose(self, state: DecodeState) -> Proposal:
         """A copy where the text repeats itself (``copy_draft``), else the head's draft (``head_draft``)."""
+        self.foreign_seconds = 0.0
         copied = self.copy_draft(state)
         if copied is None:
             return self.head_draft(state)

@@ -69,5 +69,9 @@ class MedusaDrafter(HeadDrafter):
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         self.accepted(verdict)
+        self.witness(state, verdict)
+
+    def witness(self, state: DecodeState, verdict: Verdict) -> bool:
         last = 1 + verdict.accepted[-1] if verdict.accepted else 0  # the row whose logits gave the new root
         self.root_hidden = verdict.target_hidden[last].float()
+        return True

@@ -156,12 +156,18 @@ def load_head(folder: str | Path, kind: str | None, target: TargetWeights) -> Lo
     return LoadedHead(module.eval(), config, draft_ids, folder)
 
 
+def shipped_head(kind: str, model_name: str | None) -> Path | None:
+    """The folder of the ``kind`` head shipped for the model, or None where none ships."""
+    folder = WEIGHTS_DIR / f"{model_name}-{kind}"
+    return folder if model_name and (folder / "config.json").is_file() else None
+
+
 def resolve_head_dir(head: str, kind: str, model_name: str | None) -> Path:
     """``head`` option -> folder: a path as given, or (empty) the head shipped for the model."""
     if head:
         return Path(head).expanduser()
-    shipped = WEIGHTS_DIR / f"{model_name}-{kind}"
-    if not (shipped / "config.json").is_file():
+    shipped = shipped_head(kind, model_name)
+    if shipped is None:
         raise ParadecodeError(f"no {kind} head is shipped for model {model_name!r}; train one with "
                               f"`paradecode train-draft --kind {kind} --model ... --out DIR` and pass --opt head=DIR.")
     return shipped

@@ -227,6 +227,35 @@ def test_auto_picks_the_cheaper_drafter_when_drafts_are_the_same(monkeypatch, or
     assert report["candidates"]["fast"]["steps"] > 2 * report["candidates"]["slow"]["steps"]
 
 
+class _CatchingUpDrafter(PromptLookupTreeDrafter):
+    """pld-tree's drafts 30 ms late, the 30 ms spent catching up on text it did not draft (``foreign_seconds``)."""
+
+    def propose(self, state):
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.03:  # busy, as a head's pass is (a sleep leaves the caches cold)
+            pass
+        self.foreign_seconds = time.perf_counter() - start
+        return super().propose(state)
+
+
+def test_an_arms_catch_up_on_text_it_did_not_draft_is_left_out_of_its_rate(monkeypatch):
+    """Two arms with the same drafts, one of them late (30 ms, or 15 ms of sleep): where the time is catch-up (a head
+    feeding the pairs of other arms' steps), auto counts its steps about as long as the other's (a tiny model's steps
+    take ~1 ms); where it is the arm's own, many times as long."""
+    rates = {}
+    backend = tiny_backend(1, sharp=4.0)
+    run(backend, "pld-tree", PROMPTS[0], max_new_tokens=60)  # the first passes' one-time costs
+    for slow in (_CatchingUpDrafter, _SlowDrafter):
+        fakes = {"slow": slow, "fast": type("_FastDrafter", (PromptLookupTreeDrafter,), {})}
+        monkeypatch.setattr(auto_module, "get_method", lambda name: fakes.get(name) or get_method(name))
+        _, stats = run(backend, "auto", PROMPTS[0], max_new_tokens=60, candidates="fast,slow", exploration=0.0,
+                       warmup=4)
+        arms = stats.info["auto"]["candidates"]
+        per_step = {name: arms[name]["time_s"] / arms[name]["steps"] for name in ("slow", "fast")}
+        rates[slow] = per_step["slow"] / per_step["fast"]  # the time of a step, as auto counts it
+    assert rates[_CatchingUpDrafter] < 6 and rates[_SlowDrafter] > 10
+
+
 def started(options: dict, estimates: dict) -> "auto_module.AutoDrafter":
     """An auto drafter that begins a request with ``estimates`` kept from earlier ones."""
     drafter = get_method("auto").create(dict(options, persist=False))
@@ -271,6 +300,23 @@ def test_only_an_arm_no_peek_measures_gets_the_exploration_bonus(greedy):
                                   max_draft=8, method_state=store))
         explored = other == "jacobi" or not greedy
         assert drafter._choose() == ((other, "explore") if explored else ("ar", "best"))
+
+
+@pytest.mark.parametrize("retry_every", [0, 5])
+def test_an_arm_that_cannot_be_peeked_at_is_retried_after_retry_every_steps_without_one(retry_every):
+    """jacobi rated far below pld on many steps (the UCB bonus is nothing by then): a rate measured on other text
+    is only proven wrong by a step, so after ``retry_every`` steps without one it gets a step; then it waits again."""
+    drafter = started({"candidates": "pld,jacobi", "exploration": 0.25, "retry_every": retry_every},
+                      {"pld": rated(100.0), "jacobi": rated(50.0)})
+    chosen = []
+    for step in range(12):
+        name, reason = drafter._choose()
+        chosen.append(reason if name == "jacobi" else name)
+        arm = drafter.arms[name]
+        arm.last_step = drafter.steps_taken  # what observe records of the step
+        drafter.steps_taken += 1
+    assert chosen == ["pld"] * 12 if not retry_every else \
+        ["pld"] * 5 + ["retry"] + ["pld"] * 4 + ["retry"] + ["pld"]
 
 
 @pytest.mark.parametrize("laggard, peeked_rounds", [(0.0, 8), (0.85, 2)])
@@ -391,7 +437,8 @@ def test_bad_auto_options_are_clear_errors():
     for options, message in (({"margin": -0.1}, "margin must be >= 0"), ({"carry": 0}, "carry must be in"),
                              ({"probe_every": -1}, "probe_every must be >= 0"),
                              ({"laggard": 1.0}, "laggard must be in"),
-                             ({"quiet_doublings": -1}, "quiet_doublings must be in")):
+                             ({"quiet_doublings": -1}, "quiet_doublings must be in"),
+                             ({"retry_every": -1}, "retry_every must be >= 0")):
         with pytest.raises(ParadecodeError, match=message):
             get_method("auto").create(options)
 

@@ -1,5 +1,4 @@
-"""Pick the fastest drafter for this request while decoding: a bandit over `ar`, `pld`, `ngram` and, where a head
-ships for the model, `eagle` (or those listed).
+"""Pick the fastest drafter while decoding: a bandit over `ar`, `pld`, `ngram`, a shipped `eagle` head, or those listed.
 
 Each step ``auto`` hands the step to one candidate drafter (an *arm*) and measures, itself, what the step
 gave: committed tokens and seconds from its ``propose`` to the end of its ``observe`` (drafting, the target's

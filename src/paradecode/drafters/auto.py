@@ -505,13 +505,13 @@ class AutoDrafter(Drafter):
                 if self.arms[name].estimate.steps < self.options.warmup:
                     return name, "warmup"
             self.warmed = True
-        # Each arm's rate, within the margin in favour of the surer choice (``favour``); then the UCB bonus, which
-        # shrinks with the arm's lifetime count (peeks included).
         if self.options.retry_every:  # an arm rated on its own steps only: its rate is proven wrong by steps alone
             for name, explored in zip(self.active, self.explored):
                 arm = self.arms[name]
                 if explored and arm.drafter.drafts and self.steps_taken - arm.last_step >= self.options.retry_every:
                     return name, "retry"
+        # Each arm's rate, within the margin in favour of the surer choice (``favour``); then the UCB bonus, which
+        # shrinks with the arm's lifetime count (peeks included).
         rates = self._favoured_rates()
         best = rates.index(max(rates))  # the first of equals, as max(key=) gives
         if not self.exploring:  # no bonus for any arm: the best rate

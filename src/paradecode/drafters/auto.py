@@ -372,7 +372,7 @@ class AutoDrafter(Drafter):
         # a head's catch-up on text other arms drafted is the price of switching, not of its steps: left out of
         # its rate (the prompt's feed on a long prompt made one step ~10x a normal one, and the arm, rated on its
         # own steps only, was never chosen again)
-        self.foreign = arm.drafter.foreign_seconds if arm.drafter.drafts else 0.0
+        self.foreign = arm.drafter.foreign_seconds
         self.draft_seconds = time.perf_counter() - self.step_start - self.foreign
         self.rows = 1 + len(proposal.tokens)
         proposal.info = {**(proposal.info or {}), "auto": name, "auto_reason": reason}

@@ -116,15 +116,19 @@ class EagleDrafter(HeadDrafter):
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         self.accepted(verdict)
-        self.witness(state, verdict)
-        self.foreign_pairs -= 1 + len(verdict.accepted)  # its own step's pairs
+        self._keep(verdict)
 
     def witness(self, state: DecodeState, verdict: Verdict) -> bool:
+        self.foreign_pairs += self._keep(verdict)
+        return True
+
+    def _keep(self, verdict: Verdict) -> int:
+        """Pend the step's pairs for the next feed: the target's features of the root and of every accepted node,
+        each with the token that followed it; returns how many."""
         rows = [0] + [1 + i for i in verdict.accepted]  # the root and the accepted nodes
         features = verdict.target_hidden[rows].float()  # [A+1, D]
         self.pending.append((features, verdict.accepted_tokens + [verdict.next_token]))
-        self.foreign_pairs += len(rows)
-        return True
+        return len(rows)
 
     def _feed(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor | None,
               mask: torch.Tensor | None, last_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

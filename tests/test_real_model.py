@@ -41,11 +41,11 @@ def references(model):
 def _runnable() -> list[str]:
     """Every method that runs on the model as shipped: a trained-head method needs the model's shipped head
     (``eagle3`` ships none: it runs with --opt head=DIR, and is tested on tiny models)."""
-    from paradecode.heads.store import WEIGHTS_DIR
+    from paradecode.heads.store import shipped_head
 
     def runs(method: str) -> bool:
         kind = getattr(get_method(method), "kind", "")
-        return not kind or (WEIGHTS_DIR / f"smollm2-135m-{kind}" / "config.json").is_file()
+        return not kind or shipped_head(kind, "smollm2-135m") is not None
 
     return [m for m in paradecode.method_names() if runs(m)]
 

@@ -22,6 +22,7 @@ from paradecode.heads.eagle import EagleCache, HeadShape
 from paradecode.heads.store import build_head, head_config, save_head, target_weights
 from paradecode.registry import get_method
 from paradecode.stats import DecodeStats
+from paradecode.verify.base import Verdict
 from tiny import PROMPTS, WORDS, ChainOnly, tiny_model_dir, two_token_joint
 
 
@@ -417,13 +418,40 @@ def test_calibration_counts_judged_nodes_and_chains_path_chances():
     calibration = Calibration()  # starts calibrated: a 0.95 confidence is a 0.95 chance
     tree = Proposal(tokens=[5, 6, 7, 8], parents=[-1, 0, -1, 2], confidences=[0.95, 0.55, 0.05, 0.9])
     assert calibration.path_chances(tree.confidences, tree.node_parents) == pytest.approx([0.95, 0.95 * 0.55, 0.05, 0.05 * 0.95])
-    calibration.update(tree, accepted=[0, 1])  # judged: 0 (hit), 1 (hit), 2 (miss); 3's parent was rejected
+    # judged: 0 (hit), 1 (hit), 2 (miss); 3's parent was rejected
+    calibration.update(tree, Verdict(accepted=[0, 1], accepted_tokens=[5, 6], next_token=9, bonus=True))
     assert calibration.seen[9] == 5 and calibration.hits[9] == pytest.approx(0.95 * 4 + 1)
     assert calibration.seen[5] == 5 and calibration.hits[5] == pytest.approx(0.55 * 4 + 1)
     assert calibration.seen[0] == 5 and calibration.hits[0] == pytest.approx(0.05 * 4)
     for _ in range(40):  # a head whose 0.9+ confidences always fail
-        calibration.update(Proposal(tokens=[1], confidences=[0.97]), accepted=[])
+        calibration.update(Proposal(tokens=[1], confidences=[0.97]), Verdict([], [], 2, False))
     assert calibration.path_chances([0.97, 0.5], [-1, 0])[0] < 0.15
+
+
+def test_calibration_judges_the_nodes_a_cut_left_out():
+    """A node the cut left out is judged like a sent one: when its parent is the root or an accepted node, it is
+    a hit if its token is what the target committed after that parent. So a confidence bin whose nodes are
+    always cut still learns how often they would have been accepted."""
+    from paradecode.drafters.base import Proposal
+    from paradecode.drafters.head_drafter import Calibration
+
+    drafted = Proposal(tokens=[5, 6, 7, 8, 4], parents=[-1, 0, -1, 2, 0], confidences=[0.95, 0.15, 0.15, 0.15, 0.25])
+    sent = Proposal(tokens=[5], parents=[-1], confidences=[0.95])  # the cut kept node 0
+    calibration = Calibration()
+    # node 0 accepted, then the target committed 6: node 1 (6, parent 0) a hit, node 4 (4, parent 0) a miss,
+    # node 2 (7, the root's child) a miss (the target's token there was 5), node 3's parent 2 was not accepted
+    calibration.update(sent, Verdict(accepted=[0], accepted_tokens=[5], next_token=6, bonus=True), drafted)
+    assert calibration.seen[1] == 4 + 2 and calibration.hits[1] == pytest.approx(0.15 * 4 + 1)
+    assert calibration.seen[2] == 4 + 1 and calibration.hits[2] == pytest.approx(0.25 * 4)
+    assert calibration.seen[9] == 5 and calibration.hits[9] == pytest.approx(0.95 * 4 + 1)
+    for _ in range(60):  # a bin of nodes that are always cut, and right half of the time
+        right = _ % 2 == 0
+        calibration.update(Proposal(tokens=[], confidences=[]), Verdict([], [], 3 if right else 2, False),
+                           Proposal(tokens=[3], confidences=[0.05]))
+    assert 0.4 < calibration.path_chances([0.05], [-1])[0] < 0.6
+    before = list(calibration.seen)
+    calibration.update(sent, Verdict([], [], 2, False), None)  # no cut: only the sent nodes are judged
+    assert sum(calibration.seen) == sum(before) + 1
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])

@@ -153,15 +153,34 @@ class Calibration:
             chances.append(self.hits[b] / self.seen[b] * (1.0 if parent < 0 else chances[parent]))
         return chances
 
-    def update(self, proposal: Proposal, accepted: list[int]) -> None:
-        """Count the judged nodes: children of the root or of an accepted node; a hit if it was accepted."""
-        parents = proposal.node_parents
-        kept = set(accepted)
-        for node, (confidence, parent) in enumerate(zip(proposal.confidences, parents)):
+    def update(self, proposal: Proposal, verdict: Verdict, cut: Proposal | None = None) -> None:
+        """Count the judged nodes: children of the root or of an accepted node; a hit if it was accepted. With
+        ``cut`` (the proposal as drafted, of which ``proposal`` is the prefix that was sent), the nodes the cut
+        left out are judged too, by the same rule: a left-out child of the root or of an accepted node is a hit
+        if its token is the one the target committed after its parent. Judged on the sent nodes alone, a bin
+        whose nodes the cut always left out could never learn that they were accepted more often than its
+        prior said, and would be cut for the rest of the request. Measured (AMD EPYC Zen 4, 2026-12-06, 39
+        Spec-Bench prompts, both ways alternating prompt by prompt in one process, two rounds): the same speed
+        (median per-prompt ratio 1.007 and 1.001), τ 1.89 / 1.87 against 1.90 / 1.87: the shipped head's
+        confidences were near calibrated already (first draft tokens: 0.10 accepted at confidence 0.1-0.2,
+        0.29-0.30 at 0.3-0.5, 0.89 at 0.9+), so the prior was not far off."""
+        kept = set(verdict.accepted)
+        for node, (confidence, parent) in enumerate(zip(proposal.confidences, proposal.node_parents)):
             if parent < 0 or parent in kept:
-                b = self._bin(confidence)
-                self.seen[b] += 1
-                self.hits[b] += node in kept
+                self._count(confidence, node in kept)
+        if cut is None or len(cut.tokens) <= len(proposal.tokens):
+            return
+        path = [-1] + verdict.accepted  # the root and the accepted nodes, each followed by the target's token:
+        follows = dict(zip(path, verdict.accepted_tokens + [verdict.next_token]))
+        for node in range(len(proposal.tokens), len(cut.tokens)):
+            parent = cut.node_parents[node]
+            if parent in follows:
+                self._count(cut.confidences[node], cut.tokens[node] == follows[parent])
+
+    def _count(self, confidence: float, hit: bool) -> None:
+        b = self._bin(confidence)
+        self.seen[b] += 1
+        self.hits[b] += hit
 
 
 class HeadDrafter(ScheduledDrafter):
@@ -193,6 +212,7 @@ class HeadDrafter(ScheduledDrafter):
         self.cutting = False
         self.calibration = Calibration()
         self.last: Proposal | None = None
+        self.uncut: Proposal | None = None  # the last proposal as drafted, where the cut left nodes out
         self.empty_cuts = 0  # cuts in a row that kept no node
         self.rest = 0  # steps the head still skips
 
@@ -257,8 +277,11 @@ class HeadDrafter(ScheduledDrafter):
             pays = self.schedule.planned(chances) > 0  # whether these nodes were worth the head's time as well
             self.empty_cuts = self.empty_cuts + 1 if not pays else 0
             self.rest = min(2 ** (self.empty_cuts - 1), self.MAX_REST) if not pays else 0
+            self.uncut = proposal if keep < len(proposal.tokens) else None
             proposal = Proposal(tokens=proposal.tokens[:keep], parents=tree_parents(proposal.node_parents[:keep]),
                                 confidences=proposal.confidences[:keep])
+        else:
+            self.uncut = None
         self.last = proposal
         if self.scheduled:
             self.schedule.proposed(len(proposal.tokens))
@@ -285,7 +308,7 @@ class HeadDrafter(ScheduledDrafter):
         if self.scheduled:
             self.schedule.update(len(verdict.accepted))
         if self.last is not None and self.last.confidences is not None:
-            self.calibration.update(self.last, verdict.accepted)
+            self.calibration.update(self.last, verdict, self.uncut)
 
     def summary(self) -> dict:
         ids = self.runtime.ids

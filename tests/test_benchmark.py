@@ -249,6 +249,11 @@ def test_bench_run_writes_every_output(tmp_path, capsys, tiny_model, fake_peer):
     assert results["complete"] and len(results["records"]) == 5 * 5
     assert results["settings"]["options"]["pld"] == {"num_draft": 4}
     assert results["machine"]["cpu_count"] and results["versions"]["torch"]
+    from paradecode.profile import cpu_name
+
+    machine = results["machine"]  # every speed table names the CPU and the flags that chose its kernels
+    assert machine["cpu"] == cpu_name() and isinstance(machine["isa"], list)
+    assert f"- machine: {machine['cpu']} (ISA: " in (out / "report.md").read_text()
     order = [(r["question_id"], r["method"]) for r in results["records"]]
     assert order[:5] == [(1, m) for m in ("ar", "pld", "hf", "hf-pld", "fake")]  # interleaved per question
     assert [qid for qid, _ in order[::5]] == [1, 3, 5, 2, 4]  # one question of every category per round

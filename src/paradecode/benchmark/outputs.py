@@ -22,11 +22,17 @@ REFERENCE = "ar"  # the lossless check compares every method's token ids with th
 
 
 def machine_info() -> dict:
+    """Where the run ran: the CPU's name and the instruction-set flags that decide the kernels (every speed table
+    names them), core count, platform and torch's threads."""
     import torch
 
-    return dict(cpu_count=os.cpu_count(), platform=platform.platform(), machine=platform.machine(),
-                processor=platform.processor(), python=platform.python_version(),
-                torch_threads=torch.get_num_threads())
+    from paradecode.backends.native import cpu_flags
+    from paradecode.profile import ISA_FLAGS, cpu_name
+
+    flags = set(cpu_flags().split())
+    return dict(cpu=cpu_name(), isa=[flag for flag in ISA_FLAGS if flag in flags], cpu_count=os.cpu_count(),
+                platform=platform.platform(), machine=platform.machine(), processor=platform.processor(),
+                python=platform.python_version(), torch_threads=torch.get_num_threads())
 
 
 def library_versions() -> dict:

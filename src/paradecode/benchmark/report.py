@@ -30,6 +30,14 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def cpu_line(machine: dict) -> str:
+    """The CPU's name and kernel-deciding ISA flags for the report's machine line ("" for results written before
+    they were recorded)."""
+    if "cpu" not in machine:
+        return ""
+    return f"{machine['cpu']} (ISA: {' '.join(machine.get('isa') or []) or 'none of the listed'}), "
+
+
 def render_report(results: dict) -> str:
     """Markdown for a ``results.json`` payload (complete or partial)."""
     summary, lossless, methods = results["summary"], results["lossless"], results["methods"]
@@ -45,7 +53,7 @@ def render_report(results: dict) -> str:
         f"max {settings['max_new_tokens']} new tokens, turns: {settings['turns']}",
         f"- questions: {results['questions']['selected']} from `{results['questions']['path']}` "
         f"(per category: {results['questions']['per_category'] or 'all'})",
-        f"- machine: {machine['cpu_count']} CPUs, {machine['platform']}; torch {versions['torch']}, "
+        f"- machine: {cpu_line(machine)}{machine['cpu_count']} CPUs, {machine['platform']}; torch {versions['torch']}, "
         f"transformers {versions['transformers']}, paradecode {versions['paradecode']}",
         "- tok/s: mean over questions of tokens / wall time; speedup: ratio of those means on shared questions; "
         "wall ratio: baseline's total wall time / the method's; τ: tokens per target forward pass (bonus "

@@ -128,10 +128,9 @@ def main() -> int:
         subprocess.run([compiler, *native.FLAGS, f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
         out = subprocess.run([str(binary), str(args.reps), *map(str, rows)], check=True, capture_output=True,
                              text=True).stdout
-    from paradecode.profile import ISA_FLAGS, cpu_name
+    from paradecode.profile import cpu_name, isa_flags, isa_text
 
-    flags = set(native.cpu_flags().split())
-    print(f"CPU: {cpu_name()}; ISA: {' '.join(f for f in ISA_FLAGS if f in flags)}")
+    print(f"CPU: {cpu_name()}; ISA: {isa_text(isa_flags())}")
     print(f"{'rows':>4} {'variant':>14} {'ms':>8} {'vs first':>9}")
     for line in out.splitlines():
         r, v, seconds, ratio = line.split()

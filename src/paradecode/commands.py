@@ -265,7 +265,7 @@ def _dtypes(raw: str) -> list[str]:
 def run_profile(args: argparse.Namespace) -> int:
     from paradecode.backends.base import ARGMAX
     from paradecode.backends.int8_llama import Int8LlamaBackend
-    from paradecode.profile import ISA_FLAGS, machine_report, measure_curve, measure_curves, measure_stages, plot
+    from paradecode.profile import isa_text, machine_report, measure_curve, measure_curves, measure_stages, plot
     from paradecode.quality import calibration_ids
 
     dtypes = _dtypes(args.dtypes)
@@ -299,7 +299,7 @@ def run_profile(args: argparse.Namespace) -> int:
             kernels[label] = dict(model.backend.kernel_report(), weight_bytes=model.backend.weight_bytes)
     machine = machine_report()
     print(f"CPU: {machine['cpu']} ({machine['machine']}, {machine['threads']} threads); "
-          f"ISA: {' '.join(machine['isa']) or 'none of ' + ', '.join(ISA_FLAGS)}"
+          f"ISA: {isa_text(machine['isa'])}"
           + (f"; memory read {machine['read_gb_per_s']:.1f} GB/s" if "read_gb_per_s" in machine else ""))
     for label, report in kernels.items():
         if report.get("choice"):

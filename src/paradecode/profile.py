@@ -42,14 +42,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def isa_flags() -> list[str]:
+    """The ``ISA_FLAGS`` this CPU has, in that order."""
+    from paradecode.backends import native
+
+    flags = set(native.cpu_flags().split())
+    return [flag for flag in ISA_FLAGS if flag in flags]
+
+
+def isa_text(isa: Sequence[str]) -> str:
+    """``isa_flags()``'s answer for a speed table's machine line."""
+    return " ".join(isa) or "none of " + ", ".join(ISA_FLAGS)
+
+
 def machine_report() -> dict:
     """The CPU a measurement ran on: its name, the instruction-set flags that matter for the kernels, torch's
     threads, and the memory read bandwidth (where the native kernels are built), for every speed table."""
     from paradecode.backends import native
 
-    flags = set(native.cpu_flags().split())
-    report = dict(cpu=cpu_name(), machine=platform.machine(), threads=torch.get_num_threads(),
-                  isa=[flag for flag in ISA_FLAGS if flag in flags])
+    report = dict(cpu=cpu_name(), machine=platform.machine(), threads=torch.get_num_threads(), isa=isa_flags())
     module = native.load()
     if module is not None:
         report["read_gb_per_s"] = round(module.read_bandwidth(512, 5), 1)

@@ -26,11 +26,9 @@ def machine_info() -> dict:
     names them), core count, platform and torch's threads."""
     import torch
 
-    from paradecode.backends.native import cpu_flags
-    from paradecode.profile import ISA_FLAGS, cpu_name
+    from paradecode.profile import cpu_name, isa_flags
 
-    flags = set(cpu_flags().split())
-    return dict(cpu=cpu_name(), isa=[flag for flag in ISA_FLAGS if flag in flags], cpu_count=os.cpu_count(),
+    return dict(cpu=cpu_name(), isa=isa_flags(), cpu_count=os.cpu_count(),
                 platform=platform.platform(), machine=platform.machine(), processor=platform.processor(),
                 python=platform.python_version(), torch_threads=torch.get_num_threads())
 

@@ -33,9 +33,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def cpu_line(machine: dict) -> str:
     """The CPU's name and kernel-deciding ISA flags for the report's machine line ("" for results written before
     they were recorded)."""
-    if "cpu" not in machine:
-        return ""
-    return f"{machine['cpu']} (ISA: {' '.join(machine.get('isa') or []) or 'none of the listed'}), "
+    from paradecode.profile import isa_text
+
+    return f"{machine['cpu']} (ISA: {isa_text(machine.get('isa') or [])}), " if "cpu" in machine else ""
 
 
 def render_report(results: dict) -> str:

@@ -475,7 +475,7 @@ class AutoDrafter(Drafter):
             arm.estimate.discounted_seconds *= gamma
             arm.estimate.excess_sum *= gamma
             arm.estimate.excess_weight *= gamma
-            if arm is not chosen and arm.needs_resync and not arm.stale and name in self.active:
+            if arm is not chosen and arm.needs_resync and not arm.stale:
                 arm.stale = not arm.drafter.witness(state, verdict)  # a head arm follows the text's features
         chosen.steps += 1
         chosen.last_step = self.steps_taken

@@ -53,6 +53,10 @@ extern "C" __attribute__((noinline, flatten)) void check_values(const LayerCache
 extern "C" __attribute__((noinline, flatten)) void check_gemm(const PackedInt8& w, const int8_t* q, int32_t* sums) {
   gemm_tile<4, 4>(w, 0, q, 64, 0, w.kq, sums);
 }
+extern "C" __attribute__((noinline, flatten)) void check_gemm_rows(const PackedInt8& w, const int8_t* q, const int32_t* s,
+                                                                    float* y, int64_t b1, float* spill) {
+  gemm_rows_stream<2>(w, q, 64, s, y, 64, 0, b1, spill);
+}
 extern "C" __attribute__((noinline, flatten)) void check_amx(const PackedInt8& w, const int8_t* q, const int32_t* s,
                                                               int64_t rows, float* y, int64_t b1, float* spill) {
   amx_gemm(w, q, 64, s, rows, y, 64, 0, b1, spill);
@@ -130,10 +134,11 @@ def test_attention_multiply_adds_are_packed(target):
 
 def test_the_int8_gemm_uses_the_targets_integer_dot_product(target):
     march, assembly = target
-    body = function(assembly, "check_gemm")
     instruction = TARGETS[march]
-    assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in the GEMM tile"
-    assert "imul" not in body, f"{march}: the GEMM tile multiplies scalars"
+    for name in ("check_gemm", "check_gemm_rows"):  # the multi-row tile, and the one- or two-row stream
+        body = function(assembly, name)
+        assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in {name}"
+        assert "imul" not in body, f"{march}: {name} multiplies scalars"
 
 
 def test_the_4bit_gemm_uses_the_targets_integer_dot_product_and_packed_float_steps(target):

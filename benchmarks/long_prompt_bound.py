@@ -1,0 +1,160 @@
+"""How fast `ar` could at best answer long-prompt questions (Spec-Bench rag, summarization) on this machine.
+
+    python benchmarks/long_prompt_bound.py results/run/records.jsonl
+
+A long prompt's answer pays its prefill before the first token: every prompt token goes through every layer's
+GEMMs, whatever the kernel. This script measures the machine's peak rate of multiply-adds (a register-only loop of
+the densest instruction it has, on all threads: ``vpdpbusd`` on AVX512-VNNI for int8, ``vfmadd`` for fp32; compiled
+with the native forward's flags) and prices, for each rag and summarization answer of a ``paradecode bench`` run
+(its ``records.jsonl``, method ``ar``): the prefill GEMMs' multiply-adds at the int8 peak, the prefill attention's at
+the fp32 peak (or not at all, ``--free-attention``), and the decoding at the other categories' own measured time
+per token (which leaves out that attending over a long prompt makes each step slower). The result is an upper
+bound of each answer's tok/s, to hold against the issue's "rag and summarization within 25% of the other
+categories": where the bound is below 0.75x, no kernel reaches it on this machine. The model's shapes are read from
+the run's model (``--model``, default the run's SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROBE = r"""
+#include <immintrin.h>
+#include <chrono>
+#include <cstdio>
+#include <omp.h>
+constexpr int kChains = 12;  // independent sums: more than latency x throughput
+__attribute__((noinline)) long int8_loop(long iters) {
+#if defined(__AVX512VNNI__)
+  __m512i a[kChains];
+  const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(1);
+  for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_epi32(j);
+  for (long i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kChains; ++j) a[j] = _mm512_dpbusd_epi32(a[j], w, x);
+  long s = 0;
+  for (int j = 0; j < kChains; ++j) s += _mm512_reduce_add_epi32(a[j]);
+  return s;
+#else
+  return -1;
+#endif
+}
+__attribute__((noinline)) long fp32_loop(long iters) {
+#if defined(__AVX512F__)
+  __m512 a[kChains];
+  const __m512 w = _mm512_set1_ps(0.5f), x = _mm512_set1_ps(0.25f);
+  for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_ps(j);
+  for (long i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kChains; ++j) a[j] = _mm512_fmadd_ps(a[j], w, x);
+  long s = 0;
+  for (int j = 0; j < kChains; ++j) s += static_cast<long>(_mm512_reduce_add_ps(a[j]));
+  return s;
+#else
+  return -1;
+#endif
+}
+int main(int argc, char** argv) {
+  const int threads = std::atoi(argv[1]);
+  const long iters = 40000000L / kChains;
+  for (int kind = 0; kind < 2; ++kind) {
+    double best = 0;
+    bool missing = false;
+    for (int rep = 0; rep < 7; ++rep) {
+      long sink = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+      sink += kind == 0 ? int8_loop(iters) : fp32_loop(iters);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (sink < 0) missing = true;
+      const double macs = static_cast<double>(iters) * kChains * threads * (kind == 0 ? 64 : 16);
+      if (macs / s > best) best = macs / s;
+    }
+    std::printf("%s %.1f\n", kind == 0 ? "int8" : "fp32", missing ? 0.0 : best / 1e9);
+  }
+}
+"""
+
+
+def peaks(threads: int) -> dict[str, float]:
+    """{"int8": G multiply-adds/s, "fp32": ...} on `threads` threads, the best of 7 runs (0: not on this CPU)."""
+    from paradecode.backends import native
+
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise SystemExit("no C++ compiler found (g++ or c++): install one (e.g. apt install g++).")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, binary = Path(tmp) / "peak.cpp", Path(tmp) / "peak"
+        source.write_text(PROBE)
+        subprocess.run([compiler, *native.FLAGS, str(source), "-o", str(binary)], check=True)
+        out = subprocess.run([str(binary), str(threads)], check=True, capture_output=True, text=True).stdout
+    return {kind: float(value) for kind, value in (line.split() for line in out.splitlines())}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", type=Path, help="a `paradecode bench` run's records.jsonl (with method ar)")
+    parser.add_argument("--model", default="smollm2-135m", help="the run's model (its shapes give the work)")
+    parser.add_argument("--threads", type=int, default=None, help="threads (default: torch's, as the run used)")
+    parser.add_argument("--categories", default="rag,summarization", help="the long-prompt categories")
+    args = parser.parse_args()
+    if not args.records.is_file():
+        raise SystemExit(f"{args.records}: no such file; pass a bench run's records.jsonl.")
+    records = [json.loads(line) for line in args.records.read_text().splitlines() if line.strip()]
+    answers = [(r["category"], t) for r in records if r.get("method") == "ar" and not r.get("error") for t in r["turns"]]
+    long_cats = args.categories.split(",")
+    if not any(c in long_cats for c, _ in answers) or not any(c not in long_cats for c, _ in answers):
+        raise SystemExit(f"{args.records} needs `ar` answers of {args.categories} and of other categories.")
+
+    import torch
+
+    from paradecode import api
+    from paradecode.profile import cpu_name, isa_flags, isa_text
+
+    threads = args.threads or torch.get_num_threads()
+    shape = api.load(args.model).backend.shape
+    hidden, inter, layers = shape.hidden_size, shape.intermediate_size, shape.num_layers
+    heads, kv, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    per_token = layers * hidden * ((heads + 2 * kv) * head_dim + 3 * inter) + layers * heads * head_dim * hidden
+    rate = peaks(threads)
+    if not rate["int8"]:
+        raise SystemExit("this CPU has no AVX512-VNNI: the probe measures vpdpbusd only.")
+    print(f"CPU: {cpu_name()}; ISA: {isa_text(isa_flags())}; {threads} threads")
+    print(f"peak multiply-adds: int8 {rate['int8']:.0f} G/s, fp32 {rate['fp32']:.0f} G/s; the layers' GEMMs: "
+          f"{per_token / 1e6:.1f} M multiply-adds per token")
+    others = [t for c, t in answers if c not in long_cats]
+    other_speed = statistics.mean(t["new_tokens"] / t["wall_time_s"] for t in others)
+    per_new = statistics.mean(t["wall_time_s"] / t["new_tokens"] for t in others)
+    print(f"other categories: ar {other_speed:.1f} tok/s ({per_new * 1e3:.2f} ms per token); 0.75x of it: "
+          f"{0.75 * other_speed:.1f} tok/s")
+    print(f"{'category':<14} {'prompt':>6} {'new':>4} {'measured':>9} {'GEMM ms':>8} {'attn ms':>8} {'decode ms':>9} "
+          f"{'at most':>8} {'no attn':>8}")
+    for category in long_cats:
+        bounds, free, measured = [], [], []
+        for c, t in answers:
+            if c != category:
+                continue
+            p, n = t["prompt_tokens"], t["new_tokens"]
+            gemm = p * per_token / (rate["int8"] * 1e9)
+            attention = p * p / 2 * layers * heads * head_dim * 2 / (rate["fp32"] * 1e9)
+            decode = n * per_new
+            bounds.append(n / (gemm + attention + decode))
+            free.append(n / (gemm + decode))
+            measured.append(n / t["wall_time_s"])
+            print(f"{category:<14} {p:>6} {n:>4} {measured[-1]:>9.1f} {gemm * 1e3:>8.0f} {attention * 1e3:>8.0f} "
+                  f"{decode * 1e3:>9.0f} {bounds[-1]:>8.1f} {free[-1]:>8.1f}")
+        print(f"{category}: measured {statistics.mean(measured):.1f} tok/s ({statistics.mean(measured) / other_speed:.2f}x "
+              f"the others); at most {statistics.mean(bounds):.1f} ({statistics.mean(bounds) / other_speed:.2f}x), "
+              f"{statistics.mean(free):.1f} ({statistics.mean(free) / other_speed:.2f}x) with attention free")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

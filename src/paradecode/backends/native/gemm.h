@@ -92,6 +92,29 @@ inline void row_tiles(int64_t rows, Tile&& tile) {
   rest_tile<MR - 1>(rows - r, r, tile);
 }
 
+#if defined(__AVXVNNI__) || defined(__AVX2__)
+// 256-bit code: a 32-byte half of one quad's packed weights (8 columns x 4 k), as the dot
+// product below takes them: unsigned for AVX-VNNI, back to the signed weight for AVX2.
+inline __m256i load_weights(const uint8_t* p) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+#if defined(__AVXVNNI__)
+  return w;
+#else
+  return _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+#endif
+}
+// acc + each of 8 columns' sum of its 4 weights x the row's 4 activations (a: the row's quad, broadcast).
+// AVX2: vpmaddubsw with the activation's sign moved onto the weight (|q| x sign(q) w), then vpmaddwd into int32.
+inline __m256i dot_quad(__m256i acc, __m256i w, __m256i a) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, w, a);
+#else
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(w, a));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+#endif
+
 // MR rows x NB blocks of 16 columns, quads [i0, i1) of k: the int32 sums in `sums` ([MR][NB][16], read and
 // written back, so a block's weights are read from memory once while every row's sums advance chunk by chunk).
 template <int MR, int NB>
@@ -117,30 +140,14 @@ inline void gemm_tile(const PackedInt8& w, int64_t b0, const int8_t* q, int64_t 
   __m256i acc[MR][2 * NB];
   unroll<MR>([&](auto r) { unroll<2 * NB>([&](auto b) {
     acc[r][b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + (r * NB) * 16 + b * 8)); }); });
-#if !defined(__AVXVNNI__)
-  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
-#endif
   for (int64_t i = i0; i < i1; ++i) {
     __m256i wv[2 * NB];
-    unroll<2 * NB>([&](auto b) {
-      wv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + (b / 2) * block_bytes + i * 64 + (b % 2) * 32));
-#if !defined(__AVXVNNI__)
-      wv[b] = _mm256_xor_si256(wv[b], flip);  // back to the signed weight
-#endif
-    });
+    unroll<2 * NB>([&](auto b) { wv[b] = load_weights(wb + (b / 2) * block_bytes + i * 64 + (b % 2) * 32); });
     unroll<MR>([&](auto r) {
       int32_t quad;
       std::memcpy(&quad, q + r * q_stride + 4 * i, 4);
       const __m256i a = _mm256_set1_epi32(quad);
-#if defined(__AVXVNNI__)
-      unroll<2 * NB>([&](auto b) { acc[r][b] = _mm256_dpbusd_avx_epi32(acc[r][b], wv[b], a); });
-#else
-      const __m256i magnitude = _mm256_abs_epi8(a);
-      unroll<2 * NB>([&](auto b) {
-        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[b], a));
-        acc[r][b] = _mm256_add_epi32(acc[r][b], _mm256_madd_epi16(pairs, ones));
-      });
-#endif
+      unroll<2 * NB>([&](auto b) { acc[r][b] = dot_quad(acc[r][b], wv[b], a); });
     });
   }
   unroll<MR>([&](auto r) { unroll<2 * NB>([&](auto b) {
@@ -245,26 +252,12 @@ inline void gemm_rows_stream(const PackedInt8& w, const int8_t* q, int64_t q_str
     __m256i acc[MR][kRowChains][2];
     unroll<MR>([&](auto r) { unroll<kRowChains>([&](auto c) { acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256(); }); });
     auto step = [&](int64_t i, auto c) {
-      __m256i wv[2];
-      unroll<2>([&](auto h) {
-        wv[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + i * 64 + h * 32));
-#if !defined(__AVXVNNI__)
-        wv[h] = _mm256_xor_si256(wv[h], _mm256_set1_epi8(static_cast<char>(0x80)));  // back to the signed weight
-#endif
-      });
+      const __m256i wv[2] = {load_weights(wb + i * 64), load_weights(wb + i * 64 + 32)};
       unroll<MR>([&](auto r) {
         int32_t quad;
         std::memcpy(&quad, q + r * q_stride + 4 * i, 4);
         const __m256i a = _mm256_set1_epi32(quad);
-#if defined(__AVXVNNI__)
-        unroll<2>([&](auto h) { acc[r][c][h] = _mm256_dpbusd_avx_epi32(acc[r][c][h], wv[h], a); });
-#else
-        const __m256i magnitude = _mm256_abs_epi8(a);
-        unroll<2>([&](auto h) {
-          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(wv[h], a));
-          acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-        });
-#endif
+        unroll<2>([&](auto h) { acc[r][c][h] = dot_quad(acc[r][c][h], wv[h], a); });
       });
     };
     auto finish = [&] {

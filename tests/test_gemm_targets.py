@@ -4,7 +4,7 @@
 ``-march=native`` offers, so the tests of the native forward exercise one of them. Here ``gemm.h`` alone is compiled
 for each target this CPU can run (plain x86-64, Haswell's AVX2, and the native one) into a small program that packs
 random weights of awkward shapes (a partial last column block, k not a multiple of 4) and checks every pass size
-(the one- and two-row stream, the 4 x 4 tiles and their leftovers) against a plain integer reference, to the bit.
+(the one- and two-row stream and its interleaved form, the 4 x 4 tiles and their leftovers) against a plain integer reference, to the bit.
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ int main() {
           q[r * kq * 4 + c] = static_cast<int8_t>(static_cast<int>(next() % 255) - 127);
           rowsum[r] += q[r * kq * 4 + c];
         }
+      for (bool interleaved : {false, true}) {
       std::vector<float> y(rows * n, -1.0f);
       float spill[kMaxTileRows * kBlockCols];
       // two pieces of the column blocks, as threads share them out
       const int64_t half = blocks / 2;
-      int8_gemm(pw, q.data(), kq * 4, rowsum.data(), rows, y.data(), n, 0, half, spill);
-      int8_gemm(pw, q.data(), kq * 4, rowsum.data(), rows, y.data(), n, half, blocks, spill);
+      int8_gemm(pw, q.data(), kq * 4, rowsum.data(), rows, y.data(), n, 0, half, spill, interleaved);
+      int8_gemm(pw, q.data(), kq * 4, rowsum.data(), rows, y.data(), n, half, blocks, spill, interleaved);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < n; ++c) {
           int64_t sum = 0;
@@ -62,9 +63,10 @@ int main() {
           const float expect = static_cast<float>(static_cast<int32_t>(sum)) * scale[c];
           ++checked;
           if (y[r * n + c] != expect && bad++ < 5)
-            std::printf("n=%ld k=%ld rows=%ld row %ld col %ld: %g != %g\n", (long)n, (long)k, (long)rows, (long)r,
-                        (long)c, y[r * n + c], expect);
+            std::printf("n=%ld k=%ld rows=%ld interleaved=%d row %ld col %ld: %g != %g\n", (long)n, (long)k,
+                        (long)rows, int(interleaved), (long)r, (long)c, y[r * n + c], expect);
         }
+      }
     }
   }
   std::printf("%s %s %d of %d\n", gemm_isa(), bad ? "wrong" : "ok", bad, checked);

@@ -55,7 +55,9 @@ def test_the_native_kernels_build_and_the_int8_backend_uses_them():
 KERNEL_CHOICES = {  # bucket -> GEMM kernel: each kernel alone, and one where every pass size uses another
     "own": dict.fromkeys(BUCKETS, "own"), "fbgemm": dict.fromkeys(BUCKETS, "fbgemm"),
     "int_mm": dict.fromkeys(BUCKETS, "int_mm"), "mixed": dict(one="int_mm", verify="own", prefill="fbgemm"),
-    "amx": dict.fromkeys(BUCKETS, "amx"), "mixed-amx": dict(one="own", verify="amx", prefill="amx")}
+    "amx": dict.fromkeys(BUCKETS, "amx"), "mixed-amx": dict(one="own", verify="amx", prefill="amx"),
+    "interleaved": dict.fromkeys(BUCKETS, "interleaved"),
+    "mixed-interleaved": dict(one="interleaved", verify="own", prefill="interleaved")}
 
 
 def use_kernels(backend: Int8LlamaBackend, choice: str) -> None:

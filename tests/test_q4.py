@@ -124,7 +124,7 @@ def test_the_q4_forward_computes_the_blocks_model(kind):
     assert backend.dtype == "q4" and backend.kernels.startswith("q4-")
     # the vector kernel everywhere; the tiles where the CPU has AMX (this model's int8 LM head, k 128, fits them)
     amx = "amx_int8" in native.cpu_flags().split()
-    assert backend.available_kernels() == (["own", "amx"] if amx else ["own"])
+    assert backend.available_kernels() == (["own", "interleaved", "amx"] if amx else ["own", "interleaved"])
     assert backend.weight_bytes < Int8LlamaBackend.from_hf(model, calibration=CALIBRATION).weight_bytes
 
 
@@ -136,21 +136,24 @@ def test_every_q4_row_equals_its_one_token_pass_to_the_bit(shape, kind):
     assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
 
 
-# bucket -> kernel: the 4-bit GEMM's AMX tile form (gemm_q4_amx.h) on every pass size, and on verify and prefill
+# bucket -> kernel: the 4-bit GEMM's AMX tile form (gemm_q4_amx.h) on every pass size, and on verify and prefill;
+# the one-row pass on several blocks at once ("interleaved") instead of one stream
 KERNEL_CHOICES = {"amx": dict(one="amx", verify="amx", prefill="amx"),
-                  "mixed-amx": dict(one="own", verify="amx", prefill="amx")}
+                  "mixed-amx": dict(one="own", verify="amx", prefill="amx"),
+                  "interleaved": dict(one="interleaved", verify="interleaved", prefill="own")}
 
 
 def use_kernels(backend: Q4LlamaBackend, choice: str) -> None:
-    if "amx" not in backend.available_kernels():
-        pytest.skip("this machine offers no AMX tiles")
+    missing = set(KERNEL_CHOICES[choice].values()) - set(backend.available_kernels())
+    if missing:
+        pytest.skip(f"this machine offers no {', '.join(sorted(missing))} kernel")
     backend.use_kernels(KERNEL_CHOICES[choice])
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("kernels", sorted(KERNEL_CHOICES))
-def test_every_q4_row_equals_its_one_token_pass_to_the_bit_on_the_amx_tiles(kernels, kind):
-    """The tile form gives each row the vector kernel's bits: a 57-row pass and a 12-row chain on the tiles (a
+def test_every_q4_row_equals_its_one_token_pass_to_the_bit_on_each_kernel(kernels, kind):
+    """The tile form and the interleaved one-row pass give each row the vector kernel's bits: a 57-row pass and a 12-row chain on the tiles (a
     partial 16-row tile each), 7-row chains and trees and one-token passes on the vector kernel, all alike; and a
     100-row pass (two 64-row chunks) equals the same pass on the vector kernel. 4 groups per row: the tiles step
     two groups at a time."""

@@ -299,7 +299,9 @@ class Int8LlamaBackend(LlamaBackend):
         timings, steady = {}, True
         for bucket, t in BUCKETS.items():
             times: dict[str, list[float]] = {kernel: [] for kernel in kernels}
-            rounds = repeats if t < 32 else max(2, repeats // 2)
+            # one-token passes are the cheapest, and their kernels (the own kernel's one-row stream and its
+            # interleaved form) may differ by a few percent only: four times the turns there
+            rounds = 4 * repeats if t == 1 else repeats if t < 32 else max(2, repeats // 2)
             for i in range(rounds + 1):
                 for kernel in kernels:
                     self._native.set_kernels([kernel] * len(BUCKETS))

@@ -299,6 +299,16 @@ inline void gemm_rows_stream(const PackedInt8& w, const int8_t* q, int64_t q_str
   }
 }
 
+// The one- and two-row alternative to the stream, which the kernel choice at load may pick per pass-size bucket
+// (kernel "interleaved"): kOneRowBlocks blocks at once, each its own stream, nothing asked ahead.
+#if defined(__AVX512F__)
+constexpr int kOneRowBlocks = 8;
+#elif defined(__AVX2__)
+constexpr int kOneRowBlocks = 4;
+#else
+constexpr int kOneRowBlocks = 1;
+#endif
+
 // Tile shapes for more rows: 4 x 4 (the accumulators stay in registers: 16 of 32 vector registers with AVX-512;
 // 256-bit code has 16 registers and takes 2 x 2 blocks, i.e. 4 x 2 halves).
 #if defined(__AVX512F__)
@@ -310,7 +320,7 @@ constexpr int kTileRows = 1, kTileBlocks = 1;
 #endif
 
 // Blocks per piece when a pass's column blocks are shared out over threads (a multiple of every tile's width).
-inline int64_t own_tile_blocks() { return 2 * kTileBlocks; }
+inline int64_t own_tile_blocks() { return std::max(kOneRowBlocks, kTileBlocks); }
 
 // Blocks [b0, b1) of an n-column output for `rows` rows, NB at a time and then one at a time:
 // run(std::integral_constant<int, nb>, first block, out, out_stride) computes nb blocks into out; the partial last
@@ -339,9 +349,14 @@ inline void gemm_range(const PackedInt8& w, const int8_t* q, int64_t q_stride, c
 }
 
 // The columns of blocks [b0, b1) for rows [0, rows): y[r * y_stride + col] for col < n (a partial last block
-// goes through `spill`, 16 * kMaxTileRows floats). q rows hold kq * 4 bytes (zero-padded).
+// goes through `spill`, 16 * kMaxTileRows floats). q rows hold kq * 4 bytes (zero-padded). One or two rows read
+// the blocks as one stream, or `interleaved`, kOneRowBlocks at once (the same bits either way).
 inline void int8_gemm(const PackedInt8& w, const int8_t* q, int64_t q_stride, const int32_t* rowsum, int64_t rows,
-                      float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill) {
+                      float* y, int64_t y_stride, int64_t b0, int64_t b1, float* spill, bool interleaved = false) {
+  if (rows <= 2 && interleaved) {
+    if (rows == 1) return gemm_range<1, kOneRowBlocks>(w, q, q_stride, rowsum, 1, y, y_stride, b0, b1, spill);
+    return gemm_range<2, kOneRowBlocks>(w, q, q_stride, rowsum, 2, y, y_stride, b0, b1, spill);
+  }
   if (rows == 1) return gemm_rows_stream<1>(w, q, q_stride, rowsum, y, y_stride, b0, b1, spill);
   if (rows == 2) return gemm_rows_stream<2>(w, q, q_stride, rowsum, y, y_stride, b0, b1, spill);
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {

@@ -105,7 +105,7 @@ class Int8Forward {
 
   // The kernels this build and these weights offer (fbgemm only where PyTorch could prepack every weight).
   std::vector<std::string> kernels() const {
-    std::vector<std::string> out = {kKernelNames[kOwn]};
+    std::vector<std::string> out = {kKernelNames[kOwn], kKernelNames[kInterleaved]};
     bool fbgemm = static_cast<bool>(head_.packed), int8 = !head_.is_q4(), amx = amx_ready() && amx_fits(head_.k);
     std::vector<const Projection*> all;
     if (input_) all.push_back(&*input_);

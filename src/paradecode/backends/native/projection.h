@@ -56,8 +56,10 @@ struct Clock {
 
 // The GEMM kernels; a pass of T new tokens uses the one chosen for its bucket (one token, a verify width up to
 // kVerifyRows, a longer pass such as a prefill).
-enum Kernel { kOwn, kFbgemm, kIntMm, kAmx, kKernelCount };
-const char* const kKernelNames[kKernelCount] = {"own", "fbgemm", "int_mm", "amx"};
+// "interleaved" is the own kernel with a one- (and, for int8, two-) row pass reading several column blocks at once
+// instead of one sequential stream (gemm.h, gemm_q4.h): which reads faster depends on the machine and the shapes.
+enum Kernel { kOwn, kFbgemm, kIntMm, kAmx, kInterleaved, kKernelCount };
+const char* const kKernelNames[kKernelCount] = {"own", "fbgemm", "int_mm", "amx", "interleaved"};
 constexpr int64_t kVerifyRows = 16;
 constexpr int64_t kDequantizeGrain = 1 << 15;  // outputs per thread's share of a dequantization, at least
 // Rows per thread's share of the per-row stages (quantization, norms, RoPE, the MLP's gate): a verify pass of 8 rows
@@ -185,10 +187,11 @@ struct Projection {
       const PackedQ4 w = q4_weights();
       const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group};
       float* y = into != nullptr ? into : ws.y.data();
-      const auto gemm = amx ? q4_amx_gemm : q4_gemm;
+      const bool interleaved = kernel == kInterleaved;
       parallel_blocks(w.blocks, amx ? q4_amx_tile_blocks(rows) : q4_tile_blocks(), [&](int64_t b0, int64_t b1) {
         float spill[kMaxTileRows * kBlockCols];
-        gemm(w, x, rows, y, n, b0, b1, spill);
+        if (amx) q4_amx_gemm(w, x, rows, y, n, b0, b1, spill);
+        else q4_gemm(w, x, rows, y, n, b0, b1, spill, interleaved);
       });
     } else if (kernel == kFbgemm && packed) {
       at::Tensor qf = at::empty({rows, k}, at::kFloat);
@@ -212,10 +215,11 @@ struct Projection {
       const int8_t* q = ws.q.data();
       const int32_t* rowsum = ws.rowsum.data();
       float* y = ws.y.data();
-      const auto gemm = amx ? amx_gemm : int8_gemm;
+      const bool interleaved = kernel == kInterleaved;
       parallel_blocks(w.blocks, amx ? amx_tile_blocks(rows) : own_tile_blocks(), [&](int64_t b0, int64_t b1) {
         float spill[kMaxTileRows * kBlockCols];
-        gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
+        if (amx) amx_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill);
+        else int8_gemm(w, q, stride, rowsum, rows, y, n, b0, b1, spill, interleaved);
       });
     }
   }

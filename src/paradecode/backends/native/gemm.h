@@ -186,6 +186,17 @@ constexpr int64_t kChunkQuads = 8;  // k quads per chunk: a tile's weights for o
 constexpr int64_t kPrefetchQuads = 32;
 constexpr int kMaxTileRows = 64;     // rows whose sums one tile keeps (more rows: several passes over the tile)
 
+// The int32 sums of `rows` rows ([rows][cols], from column b0 * 16) -> y[r * y_stride + c]: less the +128 the
+// unsigned weights carry (kOffsetSums), times each column's scale: the one float rounding of every kernel.
+inline void scale_sums(const PackedInt8& w, int64_t b0, const int32_t* sums, int64_t cols, const int32_t* rowsum,
+                       int64_t rows, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t offset = kOffsetSums ? 128 * rowsum[r] : 0;
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * y_stride + c] = static_cast<float>(sums[r * cols + c] - offset) * w.scale[b0 * kBlockCols + c];
+  }
+}
+
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows), MR rows at a time: y[r * y_stride + c] for the tile's
 // 16 * NB columns. (Chunk and Prefetch: kChunkQuads and kPrefetchQuads, other values for benchmarks/int8_tiles.py.)
 template <int MR, int NB, int64_t Chunk = kChunkQuads, int64_t Prefetch = kPrefetchQuads>
@@ -206,11 +217,7 @@ inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_
       gemm_tile<decltype(mr)::value, NB>(w, b0, q + r * q_stride, q_stride, i0, i1, sums + r * NB * kBlockCols);
     });
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int32_t offset = kOffsetSums ? 128 * rowsum[r] : 0;
-    for (int64_t c = 0; c < NB * kBlockCols; ++c)
-      y[r * y_stride + c] = static_cast<float>(sums[r * NB * kBlockCols + c] - offset) * w.scale[b0 * kBlockCols + c];
-  }
+  scale_sums(w, b0, sums, NB * kBlockCols, rowsum, rows, y, y_stride);
 }
 
 // One or two rows (a token, or a token and its residual row): blocks [b0, b1) one after the other, so the pass
@@ -287,12 +294,7 @@ inline void gemm_rows_stream(const PackedInt8& w, const int8_t* q, int64_t q_str
     for (; i < w.kq; ++i) step(i, std::integral_constant<int, 0>{});
     finish();
     float* out = b < full ? y + b * kBlockCols : spill;  // a partial last block goes through `spill`
-    const int64_t stride = b < full ? y_stride : kBlockCols;
-    for (int64_t r = 0; r < MR; ++r) {
-      const int32_t offset = kOffsetSums ? 128 * rowsum[r] : 0;
-      for (int64_t c = 0; c < kBlockCols; ++c)
-        out[r * stride + c] = static_cast<float>(sums[r][c] - offset) * w.scale[b * kBlockCols + c];
-    }
+    scale_sums(w, b, &sums[0][0], kBlockCols, rowsum, MR, out, b < full ? y_stride : kBlockCols);
     if (b >= full)
       for (int64_t r = 0; r < MR; ++r)
         std::copy(spill + r * kBlockCols, spill + r * kBlockCols + (w.n - b * kBlockCols), y + r * y_stride + b * kBlockCols);

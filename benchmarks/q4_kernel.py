@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
           per = (per + 3) / 4 * 4;
           const int64_t b0 = std::min(W.blocks, id * per), b1 = std::min(W.blocks, b0 + per);
           float spill[kMaxTileRows * kBlockCols];
-          if (b0 < b1) (amx ? q4_amx_gemm : q4_gemm)(W, x, rows, y.data(), n, b0, b1, spill);
+          if (b0 < b1 && amx) q4_amx_gemm(W, x, rows, y.data(), n, b0, b1, spill);
+          else if (b0 < b1) q4_gemm(W, x, rows, y.data(), n, b0, b1, spill);
         }
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,6 @@ from pathlib import Path
 
 from paradecode.backends import native
 
-NATIVE = Path(native.__file__).parent
 
 SOURCE = r"""
 #include "gemm.h"
@@ -108,9 +106,6 @@ def main() -> int:
     parser.add_argument("--rows", default="2,4,8,16", help="rows per pass, comma-separated")
     parser.add_argument("--reps", type=int, default=41, help="passes over the weights per variant")
     args = parser.parse_args()
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise SystemExit("no C++ compiler found (g++ or c++): install one (e.g. apt install g++).")
     variants = args.variants.split(",")
     parsed = [re.fullmatch(r"(\d+)x(\d+)/(\d+)/(\d+)", v) for v in variants]
     if not all(parsed) or any(not 1 <= int(m[1]) <= 8 or not 1 <= int(m[2]) <= 8 for m in parsed):
@@ -124,8 +119,11 @@ def main() -> int:
     instances = ", ".join(f"run_v<{m[1]}, {m[2]}, {m[3]}, {m[4]}>" for m in parsed)
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "int8_tiles.cpp", Path(tmp) / "int8_tiles"
+        command = native.program_command(source, binary)
+        if command is None:
+            raise SystemExit(native.NO_COMPILER)
         source.write_text(SOURCE.replace("VARIANTS", instances))
-        subprocess.run([compiler, *native.FLAGS, f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
+        subprocess.run(command, check=True)
         out = subprocess.run([str(binary), str(args.reps), *map(str, rows)], check=True, capture_output=True,
                              text=True).stdout
     from paradecode.profile import cpu_name, isa_flags, isa_text

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -87,13 +86,13 @@ def peaks(threads: int) -> dict[str, float]:
     """{"int8": G multiply-adds/s, "fp32": ...} on `threads` threads, the best of 7 runs (0: not on this CPU)."""
     from paradecode.backends import native
 
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise SystemExit("no C++ compiler found (g++ or c++): install one (e.g. apt install g++).")
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "peak.cpp", Path(tmp) / "peak"
+        command = native.program_command(source, binary)
+        if command is None:
+            raise SystemExit(native.NO_COMPILER)
         source.write_text(PROBE)
-        subprocess.run([compiler, *native.FLAGS, str(source), "-o", str(binary)], check=True)
+        subprocess.run(command, check=True)
         out = subprocess.run([str(binary), str(threads)], check=True, capture_output=True, text=True).stdout
     return {kind: float(value) for kind, value in (line.split() for line in out.splitlines())}
 

@@ -15,7 +15,6 @@ memory bandwidth ``paradecode profile`` measures.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,6 @@ from pathlib import Path
 
 from paradecode.backends import native
 
-NATIVE = Path(native.__file__).parent
 
 SOURCE = r"""
 #include "gemm_q4_amx.h"
@@ -126,9 +124,6 @@ def main() -> int:
                         help="own (the vector kernel, gemm_q4.h) and/or amx (its AMX tile form, gemm_q4_amx.h; "
                              "skipped where the CPU or OS has no AMX), comma-separated")
     args = parser.parse_args()
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise SystemExit("no C++ compiler found (g++ or c++): install one (e.g. apt install g++).")
     try:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
         [int(r) for r in args.rows.split(",")]
@@ -141,8 +136,11 @@ def main() -> int:
         raise SystemExit("every shape's input count must be a multiple of 32 (the Q4 block size).")
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "q4_kernel.cpp", Path(tmp) / "q4_kernel"
+        command = native.program_command(source, binary)
+        if command is None:
+            raise SystemExit(native.NO_COMPILER)
         source.write_text(SOURCE)
-        subprocess.run([compiler, *native.FLAGS, f"-I{NATIVE}", str(source), "-o", str(binary)], check=True)
+        subprocess.run(command, check=True)
         outputs = {kernel: subprocess.run([str(binary), str(args.threads), str(args.repeats), args.rows, kernel,
                                            *[f"{n}x{k}" for n, k in shapes]],
                                           check=True, capture_output=True, text=True).stdout for kernel in kernels}

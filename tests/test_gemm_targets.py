@@ -9,16 +9,12 @@ random weights of awkward shapes (a partial last column block, k not a multiple 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from paradecode.backends import native
 
-NATIVE = Path(native.__file__).parent
-COMPILER = shutil.which("g++") or shutil.which("c++")
 # target -> the CPU flags it needs to run here
 TARGETS = {"x86-64": set(), "haswell": {"avx2", "fma", "bmi2"}, "native": set()}
 SOURCE = r"""
@@ -77,15 +73,14 @@ int main() {
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
-    if COMPILER is None:
+    command = native.program_command(tmp_path / "gemm.cpp", tmp_path / "gemm", target, openmp=False)
+    if command is None:
         pytest.skip("no C++ compiler")
     missing = TARGETS[target] - set(native.cpu_flags().split())
     if missing:
         pytest.skip(f"this CPU cannot run -march={target} code (no {', '.join(sorted(missing))})")
     (tmp_path / "gemm.cpp").write_text(SOURCE)
-    flags = [flag for flag in native.FLAGS if not flag.startswith("-march") and flag != "-fopenmp"]
-    built = subprocess.run([COMPILER, *flags, f"-march={target}", "-I", str(NATIVE), str(tmp_path / "gemm.cpp"),
-                            "-o", str(tmp_path / "gemm")], capture_output=True, text=True)
+    built = subprocess.run(command, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-2000:]
     ran = subprocess.run([str(tmp_path / "gemm")], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]

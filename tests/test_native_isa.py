@@ -12,16 +12,12 @@ checked for the packed instructions it must use.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from paradecode.backends import native
 
-NATIVE = Path(native.__file__).parent
-COMPILER = shutil.which("g++") or shutil.which("c++")
 # target -> the GEMM's inner product instruction (gemm.h picks it from the target's instruction set)
 TARGETS = {
     "haswell": "vpmaddubsw",          # AVX2 + FMA
@@ -100,15 +96,14 @@ def function(assembly: str, name: str) -> str:
 
 @pytest.fixture(scope="module", params=sorted(TARGETS))
 def target(request, tmp_path_factory):
-    if COMPILER is None:
-        pytest.skip("no C++ compiler")
     folder = tmp_path_factory.mktemp(request.param)
-    (folder / "kernels.cpp").write_text(SOURCE)
     # the flags the native build uses (native.FLAGS), with this target instead of -march=native
-    flags = [flag for flag in native.FLAGS if not flag.startswith("-march") and flag != "-fopenmp"]
-    result = subprocess.run([COMPILER, *flags, f"-march={request.param}", "-I", str(NATIVE), "-S",
-                             str(folder / "kernels.cpp"), "-o", str(folder / "kernels.s")],
-                            capture_output=True, text=True)
+    command = native.program_command(folder / "kernels.cpp", folder / "kernels.s", request.param, openmp=False,
+                                     assembly=True)
+    if command is None:
+        pytest.skip("no C++ compiler")
+    (folder / "kernels.cpp").write_text(SOURCE)
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0 and "bad value" in result.stderr:
         pytest.skip(f"this compiler does not know -march={request.param}")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -55,6 +55,23 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+NO_COMPILER = "no C++ compiler found (g++ or c++): install one (e.g. apt install g++)."
+
+
+def program_command(source: Path, output: Path, march: str = "native", *, openmp: bool = True,
+                    assembly: bool = False) -> list[str] | None:
+    """The command that compiles ``source``, a program of its own that includes the kernel headers (the tests'
+    and benchmarks' builds of one kernel), as the native build compiles them: ``FLAGS`` with ``-march=<march>``
+    and this folder on the include path; ``-fopenmp`` only with ``openmp``; an assembly listing with
+    ``assembly``. None where no C++ compiler (g++ or c++) is installed."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        return None
+    flags = [f"-march={march}" if flag.startswith("-march") else flag for flag in FLAGS if openmp or flag != "-fopenmp"]
+    return [compiler, *flags, "-I", str(Path(__file__).parent), *(["-S"] if assembly else []), str(source), "-o",
+            str(output)]
+
+
 def build_key() -> str:
     headers = [SOURCE.with_name(name) for name in HEADERS]
     parts = [SOURCE.read_bytes(), *(h.read_bytes() for h in headers if h.is_file()), torch.__version__.encode(),

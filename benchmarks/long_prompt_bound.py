@@ -30,14 +30,19 @@ PROBE = r"""
 #include <cstdio>
 #include <omp.h>
 constexpr int kChains = 12;  // independent sums: more than latency x throughput
+// a[j] = step(a[j]) for every chain, `iters` rounds: registers only, so the instruction's own rate
+template <class V, class Step>
+__attribute__((always_inline)) inline void chains(long iters, V (&a)[kChains], Step step) {
+  for (long i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kChains; ++j) a[j] = step(a[j]);
+}
 __attribute__((noinline)) long int8_loop(long iters) {
 #if defined(__AVX512VNNI__)
   __m512i a[kChains];
   const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(1);
   for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_epi32(j);
-  for (long i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < kChains; ++j) a[j] = _mm512_dpbusd_epi32(a[j], w, x);
+  chains(iters, a, [&](__m512i v) { return _mm512_dpbusd_epi32(v, w, x); });
   long s = 0;
   for (int j = 0; j < kChains; ++j) s += _mm512_reduce_add_epi32(a[j]);
   return s;
@@ -50,9 +55,7 @@ __attribute__((noinline)) long fp32_loop(long iters) {
   __m512 a[kChains];
   const __m512 w = _mm512_set1_ps(0.5f), x = _mm512_set1_ps(0.25f);
   for (int j = 0; j < kChains; ++j) a[j] = _mm512_set1_ps(j);
-  for (long i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < kChains; ++j) a[j] = _mm512_fmadd_ps(a[j], w, x);
+  chains(iters, a, [&](__m512 v) { return _mm512_fmadd_ps(v, w, x); });
   long s = 0;
   for (int j = 0; j < kChains; ++j) s += static_cast<long>(_mm512_reduce_add_ps(a[j]));
   return s;

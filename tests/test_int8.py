@@ -38,6 +38,22 @@ def uncached(backend: LlamaBackend, ids: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def test_fbgemm_is_used_only_where_its_sums_are_exact():
+    """fbgemm's int8 GEMM without VNNI adds pairs of u8 x s8 products in saturating int16, so full-range rows come
+    out wrong (AMD EPYC Zen 3, AVX2). The probe's answer must match a random full-range trial on this CPU, and
+    without exact sums no weight is prepacked for it (so neither Int8Linear nor the native forward uses it)."""
+    torch.manual_seed(3)
+    weight = torch.randint(-127, 128, (48, 256), dtype=torch.int8)
+    rows = torch.randint(-127, 128, (9, 256)).float()
+    raw = int8._prepack(weight, torch.ones(48))
+    if raw is None:
+        pytest.skip("PyTorch's quantized engine cannot pack here")
+    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows, 1.0, 128, raw)
+    exact = (rows.double() @ weight.double().t()).float()
+    assert int8.fbgemm_is_exact() == torch.equal(out, exact)
+    assert (int8.prepack(weight, torch.ones(48)) is not None) == int8.fbgemm_is_exact()
+
+
 def test_int8_linear_is_close_to_the_float_product_and_rows_are_independent():
     torch.manual_seed(0)
     weight, x = torch.randn(24, 40), torch.randn(6, 40)

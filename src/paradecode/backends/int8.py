@@ -20,6 +20,7 @@ so it costs nothing at run time. ``amax_x`` comes from one fp32 pass over calibr
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -57,7 +58,39 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def prepack(weight: torch.Tensor, step: torch.Tensor):
     """fbgemm's packed form of a [N, K] int8 weight with per-channel scales ``step``, or None where PyTorch's quantized
-    engine cannot pack it (then every product runs through ``torch._int_mm``)."""
+    engine cannot pack it or its sums are not exact on this CPU (then every product runs through our own kernels
+    or ``torch._int_mm``)."""
+    return _prepack(weight, step) if fbgemm_is_exact() else None
+
+
+@functools.cache
+def fbgemm_is_exact() -> bool:
+    """Whether fbgemm's int8 GEMM returns exact integer sums on this CPU, tried on sums that need the full range.
+    Its activations are unsigned bytes (our rows offset by 128, so up to 255) against signed weights. With VNNI
+    (vpdpbusd) each product goes straight into int32; fbgemm's kernels without it (AVX2, AVX-512 without VNNI) add
+    pairs of products in saturating int16 first (vpmaddubsw), and 255 * 127 * 2 = 64,770 clips at 32,767: on an
+    AMD EPYC Zen 3 (AVX2 only) rows came out wrong, and differently from the one-row kernels. So the answer comes
+    from trying it, not from the CPU's name."""
+    k = 64
+    weight = torch.full((8, k), 127, dtype=torch.int8)
+    weight[1::2] = -127
+    weight[4:, 1::2] *= -1  # alternating signs
+    rows = torch.full((4, k), 127.0)
+    rows[1] = -127.0
+    rows[2, 1::2] = -127.0
+    rows[3] = torch.arange(k, dtype=torch.float32) % 255 - 127
+    packed = _prepack(weight, torch.ones(8))
+    if packed is None:
+        return False
+    exact = (rows.double() @ weight.double().t()).float()
+    try:
+        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows, 1.0, 128, packed)
+    except (RuntimeError, AttributeError):
+        return False
+    return bool(torch.equal(out, exact))
+
+
+def _prepack(weight: torch.Tensor, step: torch.Tensor):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantized tensor constructors warn of a future deprecation
         try:

@@ -81,6 +81,9 @@ extern "C" __attribute__((noinline, flatten)) float check_max(const float* x, in
 extern "C" __attribute__((noinline, flatten)) void check_exp(float* x, const float* y, int64_t n) {
   each(n, [&](int64_t k, auto z) { st(x + k, exp_approx(ld(y + k, z))); });
 }
+extern "C" __attribute__((noinline, flatten)) float check_quantize(const float* x, float* qf, int8_t* q, int64_t n) {
+  return quantize_row(x, qf, n) + static_cast<float>(to_int8(qf, q, n));
+}
 extern "C" __attribute__((noinline, flatten)) int64_t check_argmax(const float* x, int64_t n) {
   return argmax(x, n);
 }
@@ -180,6 +183,27 @@ def test_the_4bit_amx_kernel_is_there_on_amx_targets_with_packed_float_steps(tar
     assert tiles.count("tdpbsud") >= 4, f"{march}: the 4-bit tile steps do not multiply with tdpbsud"
     assert re.search(r"\bvcvtdq2ps\s[^\n]*%zmm", tiles), f"{march}: the 4-bit sums are not converted 16 at a time"
     assert PACKED_FMA.search(tiles) and not SCALAR_FMA.search(tiles), f"{march}: the float steps run lane by lane"
+
+
+VECTOR_ON_STACK = re.compile(r"\bv[a-z0-9]+\s[^\n]*\(%r[sb]p\)[^\n]*%[xyz]mm|\bv[a-z0-9]+\s[^\n]*%[xyz]mm[^\n]*\(%r[sb]p\)")
+LANE_SHUFFLE = re.compile(r"\b(vpinsr[bwdq]|vpextr[bwdq]|vinsertps|vextractps)\b")
+
+
+def test_hot_loops_keep_their_vectors_in_registers(target):
+    """The attention tiles, the exponentials and quantization keep their 16-lane values in vector registers. On
+    AVX2 targets GCC 12 kept a 64-byte vector (no register holds one there) in memory between uses: every sum of
+    the score and value loops went through the stack and general registers (vpinsrq / movq around each packed
+    FMA) and attention ran ~10x slower than its multiply-adds on an AMD EPYC Zen 3. lanes.h's vf is two 8-lane
+    vectors there, and the tiles size themselves to the registers (attention.h's fits_registers)."""
+    march, assembly = target
+    for name in ("check_scores", "check_values", "check_max", "check_quantize"):
+        body = function(assembly, name)
+        shuffles = LANE_SHUFFLE.findall(body)
+        # (a scalar tail's half-float widening or a final reduction's lane extract may take one or two)
+        assert len(shuffles) <= 2, f"{march}: {name} moves lanes one by one ({len(shuffles)} inserts/extracts)"
+    for name in ("check_scores", "check_values"):  # the tiles' sums: no spills at all
+        spills = VECTOR_ON_STACK.findall(function(assembly, name))
+        assert not spills, f"{march}: {name} keeps vectors on the stack ({len(spills)} loads/stores)"
 
 
 PACKED_MAX = re.compile(r"\bv(max|min|cmp[a-z]*)ps\s[^\n]*%[yz]mm")  # a packed max or min, or a packed compare

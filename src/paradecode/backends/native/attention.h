@@ -56,77 +56,100 @@ struct AttentionShape {
   const int64_t* positions;                      // [pass rows] each row's position (read where window > 0)
 };
 
-constexpr int kMaxQueries = 8;   // queries scored together against one key block
-// Queries summed together over one value row: their 4 x 16-lane sums stay in registers, so with AVX-512's 32
-// registers six queries (24 sums, the 4 value vectors and a broadcast) share each value row's loads and half-float
-// conversions; 256-bit code holds a 16-lane value in two registers and takes four.
+constexpr int kMaxQueries = 8;  // queries of one attention unit (attend scores them in groups of kScoreQueries)
+
+// Register budget of the tiles below. A vf takes one register with AVX-512 (32 of them), two with AVX/AVX2 (16
+// of them) and four with SSE: a tile keeps its sums and its loaded operands in registers, plus one broadcast.
+// Tiles past the budget spilled their sums to the stack on every multiply-add: on an AMD EPYC Zen 3 (AVX2) a
+// 6-query score tile of two key blocks and a 3-query value tile of 64 lanes did.
 #if defined(__AVX512F__)
-constexpr int kPvQueries = 6;
+constexpr int kVectorRegisters = 32, kRegistersPerVf = 1;
+#elif defined(__AVX__)
+constexpr int kVectorRegisters = 16, kRegistersPerVf = 2;
 #else
-constexpr int kPvQueries = 4;
+constexpr int kVectorRegisters = 16, kRegistersPerVf = 4;
 #endif
-// Prefetch: the scores ask for the key blocks two ahead and the weighted sums for the value row kValuesAhead
+constexpr bool fits_registers(int sums, int operands) {
+  return (sums + operands) * kRegistersPerVf + 1 <= kVectorRegisters;
+}
+constexpr int most_queries(int limit) {  // the most queries (at most limit) whose sums fit beside one operand
+  int n = 1;
+  while (n < limit && fits_registers(n + 1, 1)) ++n;
+  return n;
+}
+constexpr int kScoreQueries = most_queries(kMaxQueries);  // queries scored together against one key block
+constexpr int kPvQueries = most_queries(6);                // queries summed together over one value row
+// A score tile takes two key blocks at a time (twice the independent sums in flight) where their sums fit.
+template <int NQ>
+constexpr int score_blocks_at_once() { return fits_registers(2 * NQ, 2) ? 2 : 1; }
+// A value tile covers 64, 32 or 16 lanes of the head dimension per pass over the slots: the widest that fits.
+template <int NQ>
+constexpr int value_chunk_vectors() { return fits_registers(4 * NQ, 4) ? 4 : fits_registers(2 * NQ, 2) ? 2 : 1; }
+// Prefetch: the scores ask for the key blocks ahead and the weighted sums for the value row kValuesAhead
 // slots ahead. A key block is 2 KiB (half the 4 KiB page the hardware prefetcher stays within) and a slot's pages
 // may lie anywhere, so the loads stalled: on an Intel Xeon (AMX, 2 threads, SmolLM2-135M q4) the attention stage
 // took 0.74-0.83 ms at T=1 after 256 cached tokens and 2.62-2.91 ms after 1,000, and 0.65-0.70 / 1.91-2.29 with
 // these (three alternating processes each; T=8: 1.62-2.02 / 5.46-5.47 ms, then 1.52-1.58 / 4.76-5.00).
 constexpr int64_t kValuesAhead = 16;
 
-// Scores of NQ queries (hd floats each) against the 16-slot blocks covering logical slots [first, seen), first a
-// multiple of kLanes: scores[i * padded + slot]; slots past `seen` inside the last block are scored too.
-template <int NQ>
-inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q,
-                         int64_t first, int64_t seen, float* scores, int64_t padded) {
+// Scores of NQ queries (hd floats each) against NB 16-slot blocks at a time, from logical slot `block` (a multiple
+// of kLanes) while NB whole blocks start before `seen`: scores[i * padded + slot]; slots past `seen` inside the
+// last block are scored too. Returns the first block not scored.
+template <int NQ, int NB>
+inline int64_t score_tiles(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q,
+                           int64_t block, int64_t seen, float* scores, int64_t padded) {
   const int64_t hd = cache.head_dim;
-  int64_t block = first;
-  // Two blocks at a time while they last (twice the independent sums in flight), then one.
-  for (; block + kLanes < seen; block += 2 * kLanes) {
-    const half* k0 = cache.key_block(g, cache.physical(pages, block));
-    const half* k1 = cache.key_block(g, cache.physical(pages, block + kLanes));
-    if (block + 3 * kLanes < seen) {  // the next pair of blocks (Prefetch, above)
-      const char* n0 = reinterpret_cast<const char*>(cache.key_block(g, cache.physical(pages, block + 2 * kLanes)));
-      const char* n1 = reinterpret_cast<const char*>(cache.key_block(g, cache.physical(pages, block + 3 * kLanes)));
-      for (int64_t off = 0; off < hd * kLanes * static_cast<int64_t>(sizeof(half)); off += 64) {
-        __builtin_prefetch(n0 + off, 0, 3);
-        __builtin_prefetch(n1 + off, 0, 3);
-      }
+  const int64_t block_bytes = hd * kLanes * static_cast<int64_t>(sizeof(half));
+  for (; block + (NB - 1) * kLanes < seen; block += NB * kLanes) {
+    const half* k[NB];
+#pragma GCC unroll 2
+    for (int b = 0; b < NB; ++b) k[b] = cache.key_block(g, cache.physical(pages, block + b * kLanes));
+#pragma GCC unroll 2
+    for (int b = 0; b < NB; ++b) {  // the blocks NB ahead, where whole NB-block steps follow (Prefetch, above)
+      const int64_t ahead = block + (NB + b) * kLanes;
+      if (block + (2 * NB - 1) * kLanes >= seen) break;
+      const char* n = reinterpret_cast<const char*>(cache.key_block(g, cache.physical(pages, ahead)));
+      for (int64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(n + off, 0, 3);
     }
-    vf a0[NQ], a1[NQ];
+    vf a[NB][NQ];
+#pragma GCC unroll 2
+    for (int b = 0; b < NB; ++b)
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) a0[i] = a1[i] = vf{};
+      for (int i = 0; i < NQ; ++i) a[b][i] = vf{};
     for (int64_t c = 0; c < hd; ++c) {
-      const vf x0 = load(k0 + c * kLanes), x1 = load(k1 + c * kLanes);
+      vf x[NB];
+#pragma GCC unroll 2
+      for (int b = 0; b < NB; ++b) x[b] = load(k[b] + c * kLanes);
 #pragma GCC unroll 8
       for (int i = 0; i < NQ; ++i) {
         const vf qc = splat(q[i][c]);
-        a0[i] = mul_add(qc, x0, a0[i]);
-        a1[i] = mul_add(qc, x1, a1[i]);
+#pragma GCC unroll 2
+        for (int b = 0; b < NB; ++b) a[b][i] = mul_add(qc, x[b], a[b][i]);
       }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) {
-      store(scores + i * padded + block, a0[i]);
-      store(scores + i * padded + block + kLanes, a1[i]);
-    }
+    for (int i = 0; i < NQ; ++i)
+#pragma GCC unroll 2
+      for (int b = 0; b < NB; ++b) store(scores + i * padded + block + b * kLanes, a[b][i]);
   }
-  for (; block < seen; block += kLanes) {
-    const half* kb = cache.key_block(g, cache.physical(pages, block));
-    vf acc[NQ];
-#pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) acc[i] = vf{};
-    for (int64_t c = 0; c < hd; ++c) {
-      const vf k = load(kb + c * kLanes);
-#pragma GCC unroll 8
-      for (int i = 0; i < NQ; ++i) acc[i] = mul_add(splat(q[i][c]), k, acc[i]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) store(scores + i * padded + block, acc[i]);
-  }
+  return block;
+}
+
+// Scores of NQ queries against the 16-slot blocks covering logical slots [first, seen) (score_tiles' layout):
+// two blocks at a time where their sums fit the registers, then one. Each score is one chain over the head
+// dimensions in order whatever the tile, so the tile never changes a bit.
+template <int NQ>
+inline void score_blocks(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q,
+                         int64_t first, int64_t seen, float* scores, int64_t padded) {
+  constexpr int NB = score_blocks_at_once<NQ>();
+  int64_t block = score_tiles<NQ, NB>(cache, pages, g, q, first, seen, scores, padded);
+  if (NB > 1) score_tiles<NQ, 1>(cache, pages, g, q, block, seen, scores, padded);
 }
 
 inline void score_queries(const LayerCache& cache, const int32_t* pages, int64_t g, const float* const* q, int nq,
                           int64_t first, int64_t seen, float* scores, int64_t padded) {
-  switch (nq) {
+  static_assert(kScoreQueries >= 2 && kScoreQueries <= 8, "score tiles of 2 to 8 queries");
+  switch (std::min(nq, kScoreQueries)) {
     case 1: return score_blocks<1>(cache, pages, g, q, first, seen, scores, padded);
     case 2: return score_blocks<2>(cache, pages, g, q, first, seen, scores, padded);
     case 3: return score_blocks<3>(cache, pages, g, q, first, seen, scores, padded);
@@ -140,39 +163,42 @@ inline void score_queries(const LayerCache& cache, const int32_t* pages, int64_t
 
 // acc[j][d] += sum over visible[from .. to) of p[j][i] * value[d], in slot order, for NQ queries that share
 // those visible slots (physical slots); acc holds each query's running sums (hd floats each) between calls.
+// Each pass over the slots covers CH vectors (16 CH lanes) of the head dimension; every lane is one chain in slot
+// order whatever CH is.
 template <int NQ>
 inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* visible, int64_t from, int64_t to,
                             const float* const* p, float* const* acc) {
+  constexpr int CH = value_chunk_vectors<NQ>();
   const int64_t hd = cache.head_dim;
   const half* values = cache.value(g, 0);
   int64_t chunk = 0;
-  for (; chunk + 4 * kLanes <= hd; chunk += 4 * kLanes) {
-    vf a[NQ][4];
+  for (; chunk + CH * kLanes <= hd; chunk += CH * kLanes) {
+    vf a[NQ][CH];
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 4
-      for (int l = 0; l < 4; ++l) a[j][l] = load(acc[j] + chunk + l * kLanes);
+      for (int l = 0; l < CH; ++l) a[j][l] = load(acc[j] + chunk + l * kLanes);
     for (int64_t i = from; i < to; ++i) {
       const half* v = values + visible[i] * hd + chunk;
-      if (i + kValuesAhead < to) {  // this chunk's 64 lanes (128 bytes) of a value row further on
+      if (i + kValuesAhead < to && (CH >= 4 || chunk % 32 == 0)) {  // the cache lines of this chunk further on
         const char* ahead = reinterpret_cast<const char*>(values + visible[i + kValuesAhead] * hd + chunk);
         __builtin_prefetch(ahead, 0, 3);
-        __builtin_prefetch(ahead + 64, 0, 3);
+        if (CH >= 4) __builtin_prefetch(ahead + 64, 0, 3);
       }
-      const vf v0 = load(v), v1 = load(v + kLanes), v2 = load(v + 2 * kLanes), v3 = load(v + 3 * kLanes);
+      vf x[CH];
+#pragma GCC unroll 4
+      for (int l = 0; l < CH; ++l) x[l] = load(v + l * kLanes);
 #pragma GCC unroll 8
       for (int j = 0; j < NQ; ++j) {
         const vf s = splat(p[j][i]);
-        a[j][0] = mul_add(s, v0, a[j][0]);
-        a[j][1] = mul_add(s, v1, a[j][1]);
-        a[j][2] = mul_add(s, v2, a[j][2]);
-        a[j][3] = mul_add(s, v3, a[j][3]);
+#pragma GCC unroll 4
+        for (int l = 0; l < CH; ++l) a[j][l] = mul_add(s, x[l], a[j][l]);
       }
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NQ; ++j)
 #pragma GCC unroll 4
-      for (int l = 0; l < 4; ++l) store(acc[j] + chunk + l * kLanes, a[j][l]);
+      for (int l = 0; l < CH; ++l) store(acc[j] + chunk + l * kLanes, a[j][l]);
   }
   for (; chunk + kLanes <= hd; chunk += kLanes) {
     for (int j = 0; j < NQ; ++j) {
@@ -192,17 +218,14 @@ inline void weighted_values(const LayerCache& cache, int64_t g, const int64_t* v
 
 inline void weigh_queries(const LayerCache& cache, int64_t g, const int64_t* visible, int64_t from, int64_t to,
                           const float* const* p, float* const* acc, int nq) {
-  switch (nq) {
+  static_assert(kPvQueries >= 2 && kPvQueries <= 6, "value tiles of 2 to 6 queries");
+  switch (std::min(nq, kPvQueries)) {
     case 1: return weighted_values<1>(cache, g, visible, from, to, p, acc);
     case 2: return weighted_values<2>(cache, g, visible, from, to, p, acc);
     case 3: return weighted_values<3>(cache, g, visible, from, to, p, acc);
     case 4: return weighted_values<4>(cache, g, visible, from, to, p, acc);
-#if defined(__AVX512F__)
     case 5: return weighted_values<5>(cache, g, visible, from, to, p, acc);
     default: return weighted_values<6>(cache, g, visible, from, to, p, acc);
-#else
-    default: return weighted_values<4>(cache, g, visible, from, to, p, acc);
-#endif
   }
 }
 
@@ -253,8 +276,8 @@ inline void attend(const AttentionShape& shape, const LayerCache& cache, const S
       const int64_t head = g * group + h0 + h;
       queries[r * per_row + h] = qkv + (segment.first_row + r0 + r) * shape.row_width + head * hd;
     }
-  for (int64_t first = 0; first < nq; first += kMaxQueries) {
-    const int n = static_cast<int>(std::min<int64_t>(kMaxQueries, nq - first));
+  for (int64_t first = 0; first < nq; first += kScoreQueries) {
+    const int n = static_cast<int>(std::min<int64_t>(kScoreQueries, nq - first));
     score_queries(cache, segment.pages, g, queries.data() + first, n, lowest / kLanes * kLanes, seen,
                   scratch.scores.data() + first * padded, padded);
   }

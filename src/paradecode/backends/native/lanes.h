@@ -15,18 +15,75 @@
 
 namespace paradecode {
 
-// 16 floats in one value: GCC/Clang vector extensions, lowered to whatever the target has (AVX-512, AVX2, SSE).
-// Lane-wise + - * / are the same IEEE operations as on scalars, and -ffp-contract=off keeps the compiler from
-// fusing them, so a vector body and its scalar tail compute identical bits.
+// 16 floats in one value. Lane-wise + - * / are the same IEEE operations as on scalars, and -ffp-contract=off
+// keeps the compiler from fusing them, so a vector body and its scalar tail compute identical bits.
+//
+// With AVX-512 (or no AVX at all) a vf is one GCC vector of 64 bytes. On AVX/AVX2 it is a pair of 8-lane vectors
+// (lo: lanes 0-7, hi: 8-15; the same 64 bytes in the same order): GCC 12 keeps a 64-byte vector that the target
+// has no register for in memory between uses, so on an AVX2-only CPU every loop-carried sum went through the stack
+// and general registers (a movq/vpinsrq shuffle per lane pair around each packed FMA; attention on an AMD EPYC
+// Zen 3 ran ~10x slower than its multiply-adds allow). A pair of 32-byte vectors stays in two ymm registers.
+// tests/test_native_isa.py checks the hot loops' code for such stack traffic.
+#if defined(__AVX__) && !defined(__AVX512F__)
+#define PARADECODE_LANE_PAIRS 1
+typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
+struct vf {
+  v8 lo, hi;
+};
+struct vi {
+  v8i lo, hi;
+};
+inline vf operator+(vf a, vf b) { return {a.lo + b.lo, a.hi + b.hi}; }
+inline vf operator-(vf a, vf b) { return {a.lo - b.lo, a.hi - b.hi}; }
+inline vf operator*(vf a, vf b) { return {a.lo * b.lo, a.hi * b.hi}; }
+inline vf operator/(vf a, vf b) { return {a.lo / b.lo, a.hi / b.hi}; }
+inline vf operator+(vf a, float b) { return {a.lo + b, a.hi + b}; }
+inline vf operator-(vf a, float b) { return {a.lo - b, a.hi - b}; }
+inline vf operator*(vf a, float b) { return {a.lo * b, a.hi * b}; }
+inline vf operator/(vf a, float b) { return {a.lo / b, a.hi / b}; }
+inline vf operator+(float a, vf b) { return {a + b.lo, a + b.hi}; }
+inline vf operator-(float a, vf b) { return {a - b.lo, a - b.hi}; }
+inline vf operator*(float a, vf b) { return {a * b.lo, a * b.hi}; }
+inline vf operator/(float a, vf b) { return {a / b.lo, a / b.hi}; }
+inline vf operator-(vf a) { return {-a.lo, -a.hi}; }
+inline vf& operator+=(vf& a, vf b) { return a = a + b; }
+inline vi operator+(vi a, vi b) { return {a.lo + b.lo, a.hi + b.hi}; }
+inline vi operator+(vi a, int32_t b) { return {a.lo + b, a.hi + b}; }
+inline vi operator&(vi a, int32_t b) { return {a.lo & b, a.hi & b}; }
+inline vi operator<<(vi a, int b) { return {a.lo << b, a.hi << b}; }
+inline vi& operator+=(vi& a, vi b) { return a = a + b; }
+inline vi bits_of(vf a) { return {(v8i)a.lo, (v8i)a.hi}; }
+inline vf from_bits(vi a) { return {(v8)a.lo, (v8)a.hi}; }
+inline vi to_int(vf a) {  // toward zero, as a C cast
+  return {__builtin_convertvector(a.lo, v8i), __builtin_convertvector(a.hi, v8i)};
+}
+#else
 typedef float vf __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int32_t vi __attribute__((vector_size(64), aligned(4), may_alias));
+inline vi bits_of(vf a) { return (vi)a; }
+inline vf from_bits(vi a) { return (vf)a; }
+inline vi to_int(vf a) { return __builtin_convertvector(a, vi); }  // toward zero, as a C cast
+#endif
 constexpr int kLanes = 16;
+static_assert(sizeof(vf) == kLanes * sizeof(float) && sizeof(vi) == kLanes * sizeof(int32_t), "16 lanes in order");
 
+#if defined(PARADECODE_LANE_PAIRS)
+inline vf load(const float* p) { return {*reinterpret_cast<const v8*>(p), *reinterpret_cast<const v8*>(p + 8)}; }
+inline void store(float* p, vf v) {
+  *reinterpret_cast<v8*>(p) = v.lo;
+  *reinterpret_cast<v8*>(p + 8) = v.hi;
+}
+#else
 inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
+#endif
 inline vf splat(float x) {  // x in every lane (a broadcast, where `vf{} + x` would add 0 first)
 #if defined(__AVX512F__)
   return (vf)_mm512_set1_ps(x);
+#elif defined(PARADECODE_LANE_PAIRS)
+  const v8 s = (v8)_mm256_set1_ps(x);
+  return {s, s};
 #else
   return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
 #endif
@@ -55,33 +112,26 @@ inline float min_of(float a, float b) { return b < a ? b : a; }
 #if defined(__AVX512F__)
 inline vf max_of(vf a, vf b) { return (vf)_mm512_max_ps((__m512)b, (__m512)a); }
 inline vf min_of(vf a, vf b) { return (vf)_mm512_min_ps((__m512)b, (__m512)a); }
-#elif defined(__AVX__)
-template <class Op>
-inline vf by_halves(vf a, vf b, Op op) {  // op on the two 8-lane halves
-  __m256 a2[2], b2[2];
-  std::memcpy(a2, &a, sizeof(a));
-  std::memcpy(b2, &b, sizeof(b));
-  a2[0] = op(a2[0], b2[0]);
-  a2[1] = op(a2[1], b2[1]);
-  vf r;
-  std::memcpy(&r, a2, sizeof(r));
-  return r;
+#elif defined(PARADECODE_LANE_PAIRS)
+inline vf max_of(vf a, vf b) {
+  return {(v8)_mm256_max_ps((__m256)b.lo, (__m256)a.lo), (v8)_mm256_max_ps((__m256)b.hi, (__m256)a.hi)};
 }
-inline vf max_of(vf a, vf b) { return by_halves(a, b, [](__m256 x, __m256 y) { return _mm256_max_ps(y, x); }); }
-inline vf min_of(vf a, vf b) { return by_halves(a, b, [](__m256 x, __m256 y) { return _mm256_min_ps(y, x); }); }
+inline vf min_of(vf a, vf b) {
+  return {(v8)_mm256_min_ps((__m256)b.lo, (__m256)a.lo), (v8)_mm256_min_ps((__m256)b.hi, (__m256)a.hi)};
+}
 #else
 inline vf max_of(vf a, vf b) { return a < b ? b : a; }
 inline vf min_of(vf a, vf b) { return b < a ? b : a; }
 #endif
 inline float abs_of(float a) { return std::fabs(a); }
-inline vf abs_of(vf a) { return (vf)((vi)a & 0x7fffffff); }
+inline vf abs_of(vf a) { return from_bits(bits_of(a) & 0x7fffffff); }
 inline float pow2(float n) {  // 2^n for an integral n in [-126, 127]
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float f;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
 }
-inline vf pow2(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
+inline vf pow2(vf n) { return from_bits((to_int(n) + 127) << 23); }
 
 // a * b + c with one rounding where the CPU has fused multiply-add, on a float and on every lane alike (IEEE
 // fma is exact then rounded, whatever the vector width); two roundings everywhere without it. The vector form
@@ -97,16 +147,11 @@ inline float mul_add(float a, float b, float c) {
 inline vf mul_add(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__) && defined(__AVX__)
-  __m256 a2[2], b2[2], c2[2];
-  std::memcpy(a2, &a, sizeof(a));
-  std::memcpy(b2, &b, sizeof(b));
-  std::memcpy(c2, &c, sizeof(c));
-  c2[0] = _mm256_fmadd_ps(a2[0], b2[0], c2[0]);
-  c2[1] = _mm256_fmadd_ps(a2[1], b2[1], c2[1]);
-  vf r;
-  std::memcpy(&r, c2, sizeof(r));
-  return r;
+#elif defined(PARADECODE_LANE_PAIRS) && defined(__FMA__)
+  return {(v8)_mm256_fmadd_ps((__m256)a.lo, (__m256)b.lo, (__m256)c.lo),
+          (v8)_mm256_fmadd_ps((__m256)a.hi, (__m256)b.hi, (__m256)c.hi)};
+#elif defined(PARADECODE_LANE_PAIRS)
+  return a * b + c;
 #elif defined(__FMA__)
   vf r;
   for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);  // no vector FMA on this target
@@ -170,16 +215,13 @@ inline float from_half(half h) {
 inline vf load(const half* p) {  // 16 halves, widened
 #if defined(__AVX512F__)
   return (vf)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#elif defined(__F16C__) && defined(__AVX__)
-  __m256 parts[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
-  vf r;
-  std::memcpy(&r, parts, sizeof(r));
-  return r;
+#elif defined(PARADECODE_LANE_PAIRS) && defined(__F16C__)
+  return {(v8)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          (v8)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
 #else
-  vf r;
+  float r[kLanes];
   for (int l = 0; l < kLanes; ++l) r[l] = from_half(p[l]);
-  return r;
+  return load(r);
 #endif
 }
 
@@ -258,19 +300,35 @@ inline float max_value(const float* a, int64_t n) {  // exact in any order
 // order). Written 16 lanes at a time rather than left to the loop vectorizer (which did vectorize the plain loop
 // for the Zen 4: 0.066 against 0.058 us per 1,536 values; this form does not depend on it).
 typedef int8_t vb __attribute__((vector_size(16), aligned(1), may_alias));
+inline vb narrow(vi v) {  // each lane's low byte (the values fit: no saturation or wrap-around happens)
+#if defined(PARADECODE_LANE_PAIRS) && defined(__AVX2__)
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32((__m256i)v.lo, (__m256i)v.hi), 0xd8);
+  return (vb)_mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+#elif defined(PARADECODE_LANE_PAIRS)
+  int32_t lanes[kLanes];
+  std::memcpy(lanes, &v, sizeof(lanes));
+  vb r;
+  for (int l = 0; l < kLanes; ++l) r[l] = static_cast<int8_t>(lanes[l]);
+  return r;
+#else
+  return __builtin_convertvector(v, vb);
+#endif
+}
 inline int32_t to_int8(const float* qf, int8_t* q, int64_t n) {
   vi acc{};
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes) {
-    const vi v = __builtin_convertvector(load(qf + k), vi);
+    const vi v = to_int(load(qf + k));
     acc += v;
-    *reinterpret_cast<vb*>(q + k) = __builtin_convertvector(v, vb);
+    *reinterpret_cast<vb*>(q + k) = narrow(v);
   }
 #if defined(__AVX512F__)
   int32_t sum = _mm512_reduce_add_epi32((__m512i)acc);
 #else
+  int32_t lanes[kLanes];
+  std::memcpy(lanes, &acc, sizeof(lanes));
   int32_t sum = 0;
-  for (int l = 0; l < kLanes; ++l) sum += acc[l];
+  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
 #endif
   for (; k < n; ++k) {
     const int32_t v = static_cast<int32_t>(qf[k]);
@@ -323,8 +381,8 @@ inline void for_each_at_least(int64_t n, float limit, Value&& value, Hit&& hit) 
     uint32_t mask = _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(limit), _CMP_GE_OQ);
 #elif defined(__AVX__)
     const __m256 at = _mm256_set1_ps(limit);
-    uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(((__m256*)&v)[0], at, _CMP_GE_OQ))) |
-                    static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(((__m256*)&v)[1], at, _CMP_GE_OQ))) << 8;
+    uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v.lo, at, _CMP_GE_OQ))) |
+                    static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v.hi, at, _CMP_GE_OQ))) << 8;
 #else
     uint32_t mask = 0;
     for (int l = 0; l < kLanes; ++l) mask |= static_cast<uint32_t>(v[l] >= limit) << l;

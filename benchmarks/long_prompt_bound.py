@@ -4,8 +4,9 @@
 
 A long prompt's answer pays its prefill before the first token: every prompt token goes through every layer's
 GEMMs, whatever the kernel. This script measures the machine's peak rate of multiply-adds (a register-only loop of
-the densest instruction it has, on all threads: ``vpdpbusd`` on AVX512-VNNI for int8, ``vfmadd`` for fp32; compiled
-with the native forward's flags) and prices, for each rag and summarization answer of a ``paradecode bench`` run
+the densest instruction it has, on all threads: ``vpdpbusd`` on AVX512-VNNI for int8, else gemm.h's AVX2 step
+(``vpsignb``, ``vpmaddubsw``, ``vpmaddwd``, ``vpaddd`` per 32), ``vfmadd`` for fp32; compiled with the native
+forward's flags) and prices, for each rag and summarization answer of a ``paradecode bench`` run
 (its ``records.jsonl``, method ``ar``): the prefill GEMMs' multiply-adds at the int8 peak, the prefill attention's at
 the fp32 peak (or not at all, ``--free-attention``), and the decoding at the other categories' own measured time
 per token (which leaves out that attending over a long prompt makes each step slower). The result is an upper
@@ -46,10 +47,30 @@ __attribute__((noinline)) long int8_loop(long iters) {
   long s = 0;
   for (int j = 0; j < kChains; ++j) s += _mm512_reduce_add_epi32(a[j]);
   return s;
+#elif defined(__AVX2__)  // gemm.h's AVX2 step: |x| times the weight signed by x, pairs to int16, then to int32
+  __m256i a[kChains];
+  const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+  for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_epi32(j);
+  chains(iters, a, [&](__m256i v) {
+    return _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x)), ones));
+  });
+  long s = 0;
+  for (int j = 0; j < kChains; ++j) s += _mm256_extract_epi32(a[j], 0);
+  return s;
 #else
   return -1;
 #endif
 }
+#if defined(__AVX512VNNI__)
+constexpr int kInt8Macs = 64;  // multiply-adds per step
+#else
+constexpr int kInt8Macs = 32;
+#endif
+#if defined(__AVX512F__)
+constexpr int kFp32Macs = 16;
+#else
+constexpr int kFp32Macs = 8;
+#endif
 __attribute__((noinline)) long fp32_loop(long iters) {
 #if defined(__AVX512F__)
   __m512 a[kChains];
@@ -58,6 +79,14 @@ __attribute__((noinline)) long fp32_loop(long iters) {
   chains(iters, a, [&](__m512 v) { return _mm512_fmadd_ps(v, w, x); });
   long s = 0;
   for (int j = 0; j < kChains; ++j) s += static_cast<long>(_mm512_reduce_add_ps(a[j]));
+  return s;
+#elif defined(__FMA__)
+  __m256 a[kChains];
+  const __m256 w = _mm256_set1_ps(0.5f), x = _mm256_set1_ps(0.25f);
+  for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_ps(j);
+  chains(iters, a, [&](__m256 v) { return _mm256_fmadd_ps(v, w, x); });
+  long s = 0;
+  for (int j = 0; j < kChains; ++j) s += static_cast<long>(_mm256_cvtss_f32(a[j]));
   return s;
 #else
   return -1;
@@ -76,7 +105,7 @@ int main(int argc, char** argv) {
       sink += kind == 0 ? int8_loop(iters) : fp32_loop(iters);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (sink < 0) missing = true;
-      const double macs = static_cast<double>(iters) * kChains * threads * (kind == 0 ? 64 : 16);
+      const double macs = static_cast<double>(iters) * kChains * threads * (kind == 0 ? kInt8Macs : kFp32Macs);
       if (macs / s > best) best = macs / s;
     }
     std::printf("%s %.1f\n", kind == 0 ? "int8" : "fp32", missing ? 0.0 : best / 1e9);
@@ -127,7 +156,7 @@ def main() -> int:
     per_token = layers * hidden * ((heads + 2 * kv) * head_dim + 3 * inter) + layers * heads * head_dim * hidden
     rate = peaks(threads)
     if not rate["int8"]:
-        raise SystemExit("this CPU has no AVX512-VNNI: the probe measures vpdpbusd only.")
+        raise SystemExit("this CPU has neither AVX512-VNNI nor AVX2: the probe has no int8 loop for it.")
     print(f"CPU: {cpu_name()}; ISA: {isa_text(isa_flags())}; {threads} threads")
     print(f"peak multiply-adds: int8 {rate['int8']:.0f} G/s, fp32 {rate['fp32']:.0f} G/s; the layers' GEMMs: "
           f"{per_token / 1e6:.1f} M multiply-adds per token")

@@ -48,15 +48,16 @@ __attribute__((noinline)) long int8_loop(long iters) {
   for (int j = 0; j < kChains; ++j) s += _mm512_reduce_add_epi32(a[j]);
   return s;
 #elif defined(__AVX2__)  // gemm.h's AVX2 step: |x| times the weight signed by x, pairs to int16, then to int32
+  // (x is the chain's own value, so that |x| and the sign are computed every step, as in the GEMM, not hoisted)
   __m256i a[kChains];
-  const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+  const __m256i w = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
   for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_epi32(j);
   chains(iters, a, [&](__m256i v) {
-    return _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x)), ones));
+    return _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(w, v)), ones));
   });
   long s = 0;
   for (int j = 0; j < kChains; ++j) s += _mm256_extract_epi32(a[j], 0);
-  return s;
+  return s & 0x7fffffff;  // the sums are meaningless (any sign): only the rate counts, and < 0 means "none here"
 #else
   return -1;
 #endif

@@ -5,9 +5,11 @@
 A long prompt's answer pays its prefill before the first token: every prompt token goes through every layer's
 GEMMs, whatever the kernel. This script measures the machine's peak rate of multiply-adds (a register-only loop of
 the densest instruction it has, on all threads: ``vpdpbusd`` on AVX512-VNNI for int8, else gemm.h's AVX2 step
-(``vpsignb``, ``vpmaddubsw``, ``vpmaddwd``, ``vpaddd`` per 32), ``vfmadd`` for fp32; compiled with the native
+(``vpsignb``, ``vpmaddubsw``, ``vpmaddwd``, ``vpaddd`` per 32) and gemm_q4.h's AVX2 step (unsigned nibbles need no
+sign: two ``vpmaddubsw``, ``vpaddw``, ``vpmaddwd``, ``vpaddd`` per 64), ``vfmadd`` for fp32; compiled with the native
 forward's flags) and prices, for each rag and summarization answer of a ``paradecode bench`` run
-(its ``records.jsonl``, method ``ar``): the prefill GEMMs' multiply-adds at the int8 peak, the prefill attention's at
+(its ``records.jsonl``, method ``ar``): the prefill GEMMs' multiply-adds at the faster integer peak, the prefill
+attention's at
 the fp32 peak (or not at all, ``--free-attention``), and the decoding at the other categories' own measured time
 per token (which leaves out that attending over a long prompt makes each step slower). The result is an upper
 bound of each answer's tok/s, to hold against the issue's "rag and summarization within 25% of the other
@@ -62,10 +64,35 @@ __attribute__((noinline)) long int8_loop(long iters) {
   return -1;
 #endif
 }
+// The 4-bit kernel's step: unsigned nibbles need no sign step, so on AVX2 it is two vpmaddubsw, vpaddw, vpmaddwd
+// and vpaddd per 64 multiply-adds (gemm_q4.h); with VNNI it is vpdpbusd, as int8_loop.
+__attribute__((noinline)) long q4_loop(long iters) {
+#if defined(__AVX512VNNI__)
+  return int8_loop(iters);
+#elif defined(__AVX2__)
+  __m256i a[kChains];
+  const __m256i lo = _mm256_set1_epi8(3), hi = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
+  for (int j = 0; j < kChains; ++j) a[j] = _mm256_set1_epi32(j);
+  chains(iters, a, [&](__m256i v) {  // the chain's own value as the activations: nothing is hoisted
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, v), _mm256_maddubs_epi16(hi, v));
+    return _mm256_add_epi32(v, _mm256_madd_epi16(pairs, ones));
+  });
+  long s = 0;
+  for (int j = 0; j < kChains; ++j) s += _mm256_extract_epi32(a[j], 0);
+  return s & 0x7fffffff;
+#else
+  return -1;
+#endif
+}
 #if defined(__AVX512VNNI__)
 constexpr int kInt8Macs = 64;  // multiply-adds per step
 #else
 constexpr int kInt8Macs = 32;
+#endif
+#if defined(__AVX512VNNI__)
+constexpr int kQ4Macs = kInt8Macs;
+#else
+constexpr int kQ4Macs = 64;
 #endif
 #if defined(__AVX512F__)
 constexpr int kFp32Macs = 16;
@@ -96,20 +123,22 @@ __attribute__((noinline)) long fp32_loop(long iters) {
 int main(int argc, char** argv) {
   const int threads = std::atoi(argv[1]);
   const long iters = 40000000L / kChains;
-  for (int kind = 0; kind < 2; ++kind) {
+  const char* const names[3] = {"int8", "fp32", "q4"};
+  const int macs_per_step[3] = {kInt8Macs, kFp32Macs, kQ4Macs};
+  for (int kind = 0; kind < 3; ++kind) {
     double best = 0;
     bool missing = false;
     for (int rep = 0; rep < 7; ++rep) {
       long sink = 0;
       const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-      sink += kind == 0 ? int8_loop(iters) : fp32_loop(iters);
+      sink += kind == 0 ? int8_loop(iters) : kind == 1 ? fp32_loop(iters) : q4_loop(iters);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (sink < 0) missing = true;
-      const double macs = static_cast<double>(iters) * kChains * threads * (kind == 0 ? kInt8Macs : kFp32Macs);
+      const double macs = static_cast<double>(iters) * kChains * threads * macs_per_step[kind];
       if (macs / s > best) best = macs / s;
     }
-    std::printf("%s %.1f\n", kind == 0 ? "int8" : "fp32", missing ? 0.0 : best / 1e9);
+    std::printf("%s %.1f\n", names[kind], missing ? 0.0 : best / 1e9);
   }
 }
 """
@@ -159,7 +188,9 @@ def main() -> int:
     if not rate["int8"]:
         raise SystemExit("this CPU has neither AVX512-VNNI nor AVX2: the probe has no int8 loop for it.")
     print(f"CPU: {cpu_name()}; ISA: {isa_text(isa_flags())}; {threads} threads")
-    print(f"peak multiply-adds: int8 {rate['int8']:.0f} G/s, fp32 {rate['fp32']:.0f} G/s; the layers' GEMMs: "
+    integer = max(rate["int8"], rate["q4"])  # the prefill GEMMs at the faster of the int8 and 4-bit kernels' steps
+    print(f"peak multiply-adds: int8 {rate['int8']:.0f} G/s, 4-bit step {rate['q4']:.0f} G/s, fp32 {rate['fp32']:.0f} "
+          f"G/s; the layers' GEMMs: "
           f"{per_token / 1e6:.1f} M multiply-adds per token")
     others = [t for c, t in answers if c not in long_cats]
     other_speed = statistics.mean(t["new_tokens"] / t["wall_time_s"] for t in others)
@@ -174,7 +205,7 @@ def main() -> int:
             if c != category:
                 continue
             p, n = t["prompt_tokens"], t["new_tokens"]
-            gemm = p * per_token / (rate["int8"] * 1e9)
+            gemm = p * per_token / (integer * 1e9)
             attention = p * p / 2 * layers * heads * head_dim * 2 / (rate["fp32"] * 1e9)
             decode = n * per_new
             bounds.append(n / (gemm + attention + decode))

@@ -79,15 +79,26 @@ def fbgemm_is_exact() -> bool:
     rows[1] = -127.0
     rows[2, 1::2] = -127.0
     rows[3] = torch.arange(k, dtype=torch.float32) % 255 - 127
-    packed = _prepack(weight, torch.ones(8))
-    if packed is None:
-        return False
-    exact = (rows.double() @ weight.double().t()).float()
     try:
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows, 1.0, 128, packed)
+        return fbgemm_sums_are_exact(weight, rows) is True
     except (RuntimeError, AttributeError):
         return False
-    return bool(torch.equal(out, exact))
+
+
+def fbgemm_sums_are_exact(weight: torch.Tensor, rows: torch.Tensor) -> bool | None:
+    """Whether fbgemm's sums of integer-valued ``rows`` [T, K] against the int8 ``weight`` [N, K] equal the exact
+    ones; None where PyTorch's quantized engine cannot pack the weight."""
+    packed = _prepack(weight, torch.ones(weight.shape[0]))
+    if packed is None:
+        return None
+    return bool(torch.equal(fbgemm_products(rows, packed), (rows.double() @ weight.double().t()).float()))
+
+
+def fbgemm_products(q: torch.Tensor, packed) -> torch.Tensor:
+    """Integer-valued rows q [T, K] (float) against fbgemm's ``packed`` weight: [T, N] float32 sums times its
+    per-channel steps. The rows go in with scale 1 and zero point 128, so fbgemm's own quantization of them is
+    exact."""
+    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128, packed)
 
 
 def _prepack(weight: torch.Tensor, step: torch.Tensor):
@@ -133,7 +144,7 @@ class Int8Linear:
             q_res, res_scale = quantize_rows(torch.addcmul(x, q, row_scale, value=-1.0 / 127))
             q, row_scale = torch.cat((q, q_res)), torch.cat((row_scale, res_scale))  # [2T, K], [2T, 1]
         if self._packed is not None and q.shape[0] > 1:  # int_mm's matrix-vector path is faster for one row
-            out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(q, 1.0, 128, self._packed)
+            out = fbgemm_products(q, self._packed)
             return out.mul_(row_scale)  # [T', N]: fbgemm already applied the per-channel scale
         acc = torch._int_mm(q.to(torch.int8), self._view)  # [T', N] int32
         return torch.mul(acc, self._scale).mul_(row_scale)

@@ -104,12 +104,13 @@ inline int64_t score_tiles(const LayerCache& cache, const int32_t* pages, int64_
     const half* k[NB];
 #pragma GCC unroll 2
     for (int b = 0; b < NB; ++b) k[b] = cache.key_block(g, cache.physical(pages, block + b * kLanes));
+    if (block + (2 * NB - 1) * kLanes < seen) {  // the next NB blocks, where a whole step follows (Prefetch, above)
 #pragma GCC unroll 2
-    for (int b = 0; b < NB; ++b) {  // the blocks NB ahead, where whole NB-block steps follow (Prefetch, above)
-      const int64_t ahead = block + (NB + b) * kLanes;
-      if (block + (2 * NB - 1) * kLanes >= seen) break;
-      const char* n = reinterpret_cast<const char*>(cache.key_block(g, cache.physical(pages, ahead)));
-      for (int64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(n + off, 0, 3);
+      for (int b = 0; b < NB; ++b) {
+        const int64_t ahead = cache.physical(pages, block + (NB + b) * kLanes);
+        const char* n = reinterpret_cast<const char*>(cache.key_block(g, ahead));
+        for (int64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(n + off, 0, 3);
+      }
     }
     vf a[NB][NQ];
 #pragma GCC unroll 2

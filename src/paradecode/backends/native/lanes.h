@@ -379,7 +379,7 @@ inline void for_each_at_least(int64_t n, float limit, Value&& value, Hit&& hit) 
     const vf v = value(k, vf{});
 #if defined(__AVX512F__)
     uint32_t mask = _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(limit), _CMP_GE_OQ);
-#elif defined(__AVX__)
+#elif defined(PARADECODE_LANE_PAIRS)
     const __m256 at = _mm256_set1_ps(limit);
     uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v.lo, at, _CMP_GE_OQ))) |
                     static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps((__m256)v.hi, at, _CMP_GE_OQ))) << 8;

@@ -246,14 +246,19 @@ inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
 //
 // One row has two forms, picked per pass-size bucket by the kernel choice at load ("own" and "interleaved"): one
 // block after the other, one sequential stream with the weights asked for 48 groups ahead, or 4 blocks at once.
+// Up to kQ4StreamRows rows take the stream too: a verify pass of 2 or 3 rows reads as many bytes as one row and,
+// with AVX-512 VNNI, is still bound by the read. Forward passes, the stream and the 4 x 4 tiles alternating pass by
+// pass in one process, medians of the per-pass ratios (AMD EPYC Zen 4, 2 threads, after 256 tokens): SmolLM2-135M
+// T=2 0.91x, T=3 0.92x, T=4 1.01x (61 passes); a synthetic Llama-3.2-1B T=2 0.94x and 0.99x, T=3 0.98x, T=4 1.12x
+// (15-21 passes, two runs). 256-bit code keeps its tiles there (unmeasured: without VNNI 2 rows cost 1.3x one).
 // SmolLM2-135M q4 on an AMD EPYC Zen 4 (T=1 forward, the forms alternating pass by pass, median of 101 per-pass
 // ratios, three runs): the stream 0.94-0.97x; a synthetic Llama-3.2-1B (21 passes, two runs): 1.03-1.06x.
 #if defined(__AVX512F__)
-constexpr int kQ4OneRowBlocks = 4, kQ4TileRows = 4, kQ4TileBlocks = 4;
+constexpr int kQ4OneRowBlocks = 4, kQ4StreamRows = 3, kQ4TileRows = 4, kQ4TileBlocks = 4;
 #elif defined(__AVX2__)
-constexpr int kQ4OneRowBlocks = 2, kQ4TileRows = 2, kQ4TileBlocks = 2;
+constexpr int kQ4OneRowBlocks = 2, kQ4StreamRows = 1, kQ4TileRows = 2, kQ4TileBlocks = 2;
 #else
-constexpr int kQ4OneRowBlocks = 1, kQ4TileRows = 1, kQ4TileBlocks = 1;
+constexpr int kQ4OneRowBlocks = 1, kQ4StreamRows = 1, kQ4TileRows = 1, kQ4TileBlocks = 1;
 #endif
 
 // Blocks per piece when a pass's column blocks are shared out over threads: what q4_gemm's tile shapes take at once.
@@ -264,7 +269,7 @@ inline int64_t q4_tile_blocks() { return std::max(kQ4TileBlocks, kQ4OneRowBlocks
 inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
                     int64_t b1, float* spill, bool interleaved = false) {
   if (rows == 1 && interleaved) return q4_range<1, kQ4OneRowBlocks>(w, x, 1, y, y_stride, b0, b1, spill);
-  if (rows == 1) return q4_range<1, 1>(w, x, 1, y, y_stride, b0, b1, spill);
+  if (rows <= kQ4StreamRows) return q4_range<kQ4StreamRows, 1>(w, x, rows, y, y_stride, b0, b1, spill);
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {
     const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);
     const Q4Rows part{x.p + first * x.p_stride, x.scale + first * x.group_stride, x.sum + first * x.group_stride,

@@ -74,10 +74,12 @@ def load_ours(size: str, dtype: str):
 
 
 def serve(args: argparse.Namespace) -> int:
-    """The child that holds one backend: a line of its facts once loaded, then one curve per line of input."""
+    """The child that holds one backend: a line of its facts once loaded, then per line of input its curves
+    with full logits and in greedy verification's mode (``ARGMAX``: each row's argmax only), taking turns."""
     import torch
 
-    from paradecode.profile import measure_curve
+    from paradecode.backends.base import ARGMAX
+    from paradecode.profile import measure_curves
 
     torch.set_num_threads(int(os.environ.get("PARADECODE_THREADS", "2")))
     start = time.perf_counter()
@@ -85,8 +87,9 @@ def serve(args: argparse.Namespace) -> int:
     print(json.dumps(dict(load_s=time.perf_counter() - start, weight_bytes=backend.weight_bytes,
                           kernels=backend.kernel_report().get("choice"))), flush=True)
     for _ in sys.stdin:
-        curve = measure_curve(backend, SIZES_T, CONTEXT, args.repeats)
-        print(json.dumps({str(t): s for t, s in curve.items()}), flush=True)
+        curves = measure_curves(backend, (True, ARGMAX), SIZES_T, CONTEXT, args.repeats)
+        print(json.dumps({name: {str(t): s for t, s in curves[mode].items()}
+                          for name, mode in (("full", True), ("greedy", ARGMAX))}), flush=True)
     return 0
 
 
@@ -107,7 +110,8 @@ class Ours:
             raise RuntimeError(f"our child process ended (exit {code}); see {self.log.name}")
         return json.loads(line)
 
-    def measure(self) -> dict[str, float]:
+    def measure(self) -> dict[str, dict[str, float]]:
+        """{"full": seconds per T, "greedy": the same passes reading each row's argmax only}."""
         self.process.stdin.write("measure\n")
         self.process.stdin.flush()
         return self._reply()
@@ -216,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         engines.update(binaries)
         for name, engine in engines.items():
             info = engine.info if isinstance(engine, Ours) else {}
-            rows[f"{size}|{name}"] = dict(info, rounds=[], cpu=machine["cpu"])
+            for row in ((name, f"{name} greedy") if isinstance(engine, Ours) else (name,)):
+                rows[f"{size}|{row}"] = dict(info, rounds=[], cpu=machine["cpu"])
         try:
             for round_ in range(args.rounds):
                 for name, engine in engines.items():
@@ -225,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
                         continue
                     try:
                         if isinstance(engine, Ours):
-                            seconds = engine.measure()
+                            curves = engine.measure()
+                            seconds = curves["full"]
+                            rows[f"{size}|{name} greedy"]["rounds"].append(curves["greedy"])
                         else:
                             seconds = llama_bench(engine, path, args.repeats)
                     except RuntimeError as error:
@@ -385,7 +392,8 @@ def report(args: argparse.Namespace) -> int:
         lines.append("")
         lines.append("Each method's steps (rows verified, tokens committed) as measured on SmolLM2-135M on q4 "
                      f"({args.records}), each priced by the size's measured forward time of ours on q4 at its "
-                     "width; forward passes only, for every method and for llama.cpp's plain decoding (one "
+                     "width (greedy verification's pass, which reads each row's argmax only, where timed: "
+                     "`ours q4 greedy`); forward passes only, for every method and for llama.cpp's plain decoding (one "
                      "forward per token of its faster build). τ (tokens per step): "
                      + ", ".join(f"`{m}` {steps[m].tau:.2f}" for m in methods) + "."
                      + (f" Head drafters ({', '.join(f'`{m}`' for m in heads)}): each step also pays one draft "
@@ -398,7 +406,9 @@ def report(args: argparse.Namespace) -> int:
                      + " | best vs our `ar` |")
         lines.append("|---|---|" + "---|" * len(methods) + "---|")
         for size in sizes():
-            ours = curves.get(f"{size}|ours q4")
+            # the bench runs decode greedily, so their steps are priced by greedy verification's passes (each
+            # row's argmax only) where the run timed them; a run before those were timed has full logits only
+            ours = curves.get(f"{size}|ours q4 greedy") or curves.get(f"{size}|ours q4")
             if ours is None or size not in best_llama:
                 continue
             llama_rate = 1.0 / best_llama[size][1][1]

@@ -154,3 +154,27 @@ def test_the_projection_prices_each_step_at_its_width(tmp_path):
     fast = dict(rounds=[{"1": 1.0}, {"1": 1.0}, {"1": 2.0}])
     assert scaling.paired_ratio(slow, fast) == pytest.approx(3.0)
     assert scaling.median_curve(slow["rounds"]) == {1: 3.0}
+
+
+def test_the_projection_prices_greedy_runs_by_greedy_passes(tmp_path, capsys):
+    """The bench runs decode greedily: where the results time greedy verification's pass (``ours q4 greedy``),
+    report prices the steps by it, else by the full-logits pass."""
+    import argparse
+
+    scaling = _scaling_script()
+    full, greedy, llama = ({str(t): s * t for t in scaling.SIZES_T} for s in (0.010, 0.008, 0.020))
+    machine = dict(cpu="test", threads=2, isa=[])
+    rows = {"1b|ours q4": dict(rounds=[full], weight_bytes=1e9), "1b|llama.cpp portable": dict(rounds=[llama])}
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps(dict(method="ar", turns=[dict(accepted_per_step=[1, 1])])))
+    args = argparse.Namespace(folder=str(tmp_path), records=str(records), heads="", draft_vocab=4096, plot=None,
+                              doc=None)
+    rates = []
+    for with_greedy in (False, True):
+        if with_greedy:
+            rows["1b|ours q4 greedy"] = dict(rounds=[greedy], weight_bytes=1e9)
+        (tmp_path / "results.json").write_text(json.dumps(dict(machines=[machine], rows=rows)))
+        assert scaling.report(args) == 0
+        line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("| 1b | 50.0 |"))
+        rates.append(line.split("|")[3].strip())
+    assert rates == ["100.0 (2.00x)", "125.0 (2.50x)"]

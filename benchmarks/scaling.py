@@ -302,10 +302,19 @@ class Steps:
         return sum(a for _, a in self.steps) / len(self.steps)
 
 
+def head_arm_steps(turn: dict) -> int:
+    """Steps that ``auto`` gave to an arm drafting with a head (its record's per-arm counts), 0 for other turns."""
+    info = turn.get("info") or (turn.get("stats") or {}).get("info") or {}
+    arms = info.get("auto", {}).get("candidates", {})
+    return sum(arm.get("steps", 0) for arm in arms.values() if "head" in (arm.get("info") or {}))
+
+
 def method_steps(records: Path, heads: Sequence[str] = ()) -> dict[str, Steps]:
     """Per method of PROJECTED, and per label in ``heads`` (runs of a head drafter with chains of one), its
-    steps in a ``paradecode bench`` run's records."""
+    steps in a ``paradecode bench`` run's records. An ``auto`` run whose head arm took steps is left out: which
+    steps were the head's, and how many head steps each took, its records do not say."""
     out: dict[str, Steps] = {}
+    unpriced = set()
     for line in records.read_text().splitlines():
         record = json.loads(line)
         if record["method"] not in PROJECTED and record["method"] not in heads:
@@ -314,7 +323,9 @@ def method_steps(records: Path, heads: Sequence[str] = ()) -> dict[str, Steps]:
         for turn in record["turns"]:
             widths = turn.get("draft_lengths") or [0] * len(turn["accepted_per_step"])
             steps.steps.extend((w + 1, a) for w, a in zip(widths, turn["accepted_per_step"]))
-    return out
+            if record["method"] not in heads and head_arm_steps(turn):
+                unpriced.add(record["method"])
+    return {method: steps for method, steps in out.items() if method not in unpriced}
 
 
 def median_curve(rounds: list[dict[str, float]]) -> dict[int, float]:

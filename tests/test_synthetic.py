@@ -142,6 +142,14 @@ def test_the_projection_prices_each_step_at_its_width(tmp_path):
     assert steps["ar"].rate(curve) == pytest.approx(100.0) and steps["ar"].tau == 1.0
     assert steps["ngram"].rate(curve) == pytest.approx(4 / (0.016 + 0.010)) and steps["ngram"].tau == 2.0
     assert steps["ngram"].rate(curve, 0.5) == steps["ngram"].rate(curve)  # only head drafters pay head steps
+    # auto: priced while its arms are training-free; left out once a head arm took steps (their cost is unknown)
+    arms = dict(auto=dict(candidates=dict(ngram=dict(steps=2), eagle=dict(steps=0, info=dict(head="h")))))
+    auto = dict(turns["ngram"], info=None, stats=dict(info=arms))  # where a bench record keeps it
+    records.write_text(records.read_text() + "\n" + json.dumps(dict(method="auto", turns=[auto])))
+    assert scaling.method_steps(records)["auto"].steps == [(3, 3), (1, 1)]
+    arms["auto"]["candidates"]["eagle"]["steps"] = 1
+    records.write_text(records.read_text() + "\n" + json.dumps(dict(method="auto", turns=[auto])))
+    assert "auto" not in scaling.method_steps(records)
     # a head drafter's label: each step adds one head step at the given share of a one-token pass
     records.write_text(records.read_text() + "\n" + json.dumps(dict(method="eagle-chain1", turns=[turns["ngram"]])))
     heads = scaling.method_steps(records, heads=("eagle-chain1",))

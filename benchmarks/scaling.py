@@ -236,7 +236,9 @@ def run(args: argparse.Namespace) -> int:
                         else:
                             seconds = llama_bench(engine, path, args.repeats)
                     except RuntimeError as error:
-                        row["error"] = str(error)
+                        for key in (f"{size}|{name}", f"{size}|{name} greedy"):
+                            if key in rows:
+                                rows[key]["error"] = str(error)
                         print(f"  {size} {name} failed: {error}", file=sys.stderr)
                         continue
                     row["rounds"].append(seconds)

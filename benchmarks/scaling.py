@@ -110,6 +110,10 @@ class Ours:
             raise RuntimeError(f"our child process ended (exit {code}); see {self.log.name}")
         return json.loads(line)
 
+    # the rows of results.json an engine of ours fills, by the suffix after its name: its passes with full logits,
+    # and the same passes in greedy verification's mode (each row's argmax only)
+    ROWS = {"": "full", " greedy": "greedy"}
+
     def measure(self) -> dict[str, dict[str, float]]:
         """{"full": seconds per T, "greedy": the same passes reading each row's argmax only}."""
         self.process.stdin.write("measure\n")
@@ -121,6 +125,11 @@ class Ours:
             self.process.stdin.close()
             self.process.wait()
         self.log.close()
+
+
+def rows_of(name: str, engine: Any) -> list[str]:
+    """The rows (engine names in results.json) that ``engine`` fills each round."""
+    return [name + suffix for suffix in Ours.ROWS] if isinstance(engine, Ours) else [name]
 
 
 def int8_fits(size: str) -> bool:
@@ -220,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         engines.update(binaries)
         for name, engine in engines.items():
             info = engine.info if isinstance(engine, Ours) else {}
-            for row in ((name, f"{name} greedy") if isinstance(engine, Ours) else (name,)):
+            for row in rows_of(name, engine):
                 rows[f"{size}|{row}"] = dict(info, rounds=[], cpu=machine["cpu"])
         try:
             for round_ in range(args.rounds):
@@ -231,18 +240,17 @@ def run(args: argparse.Namespace) -> int:
                     try:
                         if isinstance(engine, Ours):
                             curves = engine.measure()
-                            seconds = curves["full"]
-                            rows[f"{size}|{name} greedy"]["rounds"].append(curves["greedy"])
+                            measured = {name + suffix: curves[mode] for suffix, mode in Ours.ROWS.items()}
                         else:
-                            seconds = llama_bench(engine, path, args.repeats)
+                            measured = {name: llama_bench(engine, path, args.repeats)}
                     except RuntimeError as error:
-                        for key in (f"{size}|{name}", f"{size}|{name} greedy"):
-                            if key in rows:
-                                rows[key]["error"] = str(error)
+                        for key in rows_of(name, engine):
+                            rows[f"{size}|{key}"]["error"] = str(error)
                         print(f"  {size} {name} failed: {error}", file=sys.stderr)
                         continue
-                    row["rounds"].append(seconds)
-                    ms = ", ".join(f"T={t} {1000 * s:.1f}" for t, s in seconds.items())
+                    for key, seconds in measured.items():
+                        rows[f"{size}|{key}"]["rounds"].append(seconds)
+                    ms = ", ".join(f"T={t} {1000 * s:.1f}" for t, s in measured[name].items())
                     print(f"{size} round {round_ + 1}/{args.rounds}: {name}: {ms} ms", file=sys.stderr, flush=True)
                 results_path.write_text(json.dumps(results, indent=1))
         finally:
@@ -304,11 +312,11 @@ class Steps:
         return sum(a for _, a in self.steps) / len(self.steps)
 
 
-def head_arm_steps(turn: dict) -> int:
-    """Steps that ``auto`` gave to an arm drafting with a head (its record's per-arm counts), 0 for other turns."""
-    info = turn.get("info") or (turn.get("stats") or {}).get("info") or {}
-    arms = info.get("auto", {}).get("candidates", {})
-    return sum(arm.get("steps", 0) for arm in arms.values() if "head" in (arm.get("info") or {}))
+def ran_a_head_arm(turn: dict) -> bool:
+    """Whether ``auto`` gave steps to an arm drafting with a head in this turn (the per-arm counts of the method's
+    info, which a bench record keeps in the turn's stats; the turn's own ``info`` is the runner's)."""
+    arms = ((turn.get("stats") or {}).get("info") or {}).get("auto", {}).get("candidates", {})
+    return any(arm.get("steps", 0) and "head" in (arm.get("info") or {}) for arm in arms.values())
 
 
 def method_steps(records: Path, heads: Sequence[str] = ()) -> dict[str, Steps]:
@@ -325,7 +333,7 @@ def method_steps(records: Path, heads: Sequence[str] = ()) -> dict[str, Steps]:
         for turn in record["turns"]:
             widths = turn.get("draft_lengths") or [0] * len(turn["accepted_per_step"])
             steps.steps.extend((w + 1, a) for w, a in zip(widths, turn["accepted_per_step"]))
-            if record["method"] not in heads and head_arm_steps(turn):
+            if record["method"] not in heads and ran_a_head_arm(turn):
                 unpriced.add(record["method"])
     return {method: steps for method, steps in out.items() if method not in unpriced}
 

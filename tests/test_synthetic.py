@@ -144,7 +144,7 @@ def test_the_projection_prices_each_step_at_its_width(tmp_path):
     assert steps["ngram"].rate(curve, 0.5) == steps["ngram"].rate(curve)  # only head drafters pay head steps
     # auto: priced while its arms are training-free; left out once a head arm took steps (their cost is unknown)
     arms = dict(auto=dict(candidates=dict(ngram=dict(steps=2), eagle=dict(steps=0, info=dict(head="h")))))
-    auto = dict(turns["ngram"], info=None, stats=dict(info=arms))  # where a bench record keeps it
+    auto = dict(turns["ngram"], info=dict(batch_size=1), stats=dict(info=arms))  # the runner's info, the method's
     records.write_text(records.read_text() + "\n" + json.dumps(dict(method="auto", turns=[auto])))
     assert scaling.method_steps(records)["auto"].steps == [(3, 3), (1, 1)]
     arms["auto"]["candidates"]["eagle"]["steps"] = 1

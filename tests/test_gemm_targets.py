@@ -89,3 +89,111 @@ def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
     if expected:
         assert isa == expected, f"-march={target} built the {isa} path"
     assert " ok 0 of " in ran.stdout
+
+
+# The block GEMM (gemm_q4.h) on each target against its formula, to the bit: per column and group of 32 inputs,
+# acc = mul_add(a, mul_add(d, float(sum q p), m * psum), acc) (lanes.h: fused where the target has FMA), groups in
+# order, with q the 4-bit nibbles (m stored, or
+# Q4_0's -8 d) or Q8_0's bytes plus 128 (m = -128 d). The 8-bit path on AVX2 splits each byte into nibbles (its
+# byte products would overflow 16 bits), which is what this test guards.
+BLOCK_SOURCE = r"""
+#include "gemm_q4.h"
+#include <cmath>
+#include <cstdio>
+#include <vector>
+using namespace paradecode;
+int main() {
+  uint32_t state = 777;
+  auto next = [&] { state = state * 1664525u + 1013904223u; return state >> 8; };
+  const int64_t shapes[][2] = {{40, 64}, {16, 32}, {200, 96}};
+  const int64_t rows_list[] = {1, 2, 3, 4, 5, 8, 17};
+  const int formats[][2] = {{4, 1}, {4, 0}, {8, 0}};  // bits, m stored
+  int bad = 0, checked = 0;
+  for (auto& f : formats)
+    for (auto& s : shapes) {
+      const int bits = f[0];
+      const bool with_m = f[1];
+      const int64_t n = s[0], k = s[1], groups = k / kQ4Group, blocks = (n + kBlockCols - 1) / kBlockCols;
+      const int64_t gb = q4_group_bytes(with_m, bits);
+      std::vector<uint8_t> packed(q4_packed_bytes(n, k, with_m, bits), 0);
+      std::vector<int> q(blocks * kBlockCols * k);
+      std::vector<float> d(blocks * kBlockCols * groups), m(d.size());
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t g = 0; g < groups; ++g) {
+          uint8_t* group = packed.data() + (b * groups + g) * gb;
+          for (int64_t c = 0; c < kBlockCols; ++c) {
+            const int64_t col = b * kBlockCols + c;
+            for (int64_t i = 0; i < kQ4Group; ++i) {
+              const int v = static_cast<int>(next() % (bits == 8 ? 256 : 16));
+              q[col * k + g * kQ4Group + i] = v;
+              if (bits == 8) group[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(v);
+              else group[(i / 8) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>(i % 8 < 4 ? v : v << 4);
+            }
+            const half dh = to_half(1e-3f * static_cast<float>(1 + next() % 1000));
+            const half mh = to_half(-1e-2f * static_cast<float>(next() % 1000));
+            std::memcpy(group + (bits == 8 ? 512 : 256) + 2 * c, &dh, 2);
+            if (with_m) std::memcpy(group + 288 + 2 * c, &mh, 2);
+            d[col * groups + g] = from_half(dh);
+            m[col * groups + g] = with_m ? from_half(mh) : (bits == 8 ? -128.f : -8.f) * from_half(dh);
+          }
+        }
+      const PackedQ4 w{packed.data(), n, k, groups, blocks, gb};
+      for (int64_t rows : rows_list) {
+        std::vector<int8_t> p(rows * k);
+        std::vector<float> scale(rows * groups), sum(rows * groups, 0.f);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t g = 0; g < groups; ++g) {
+            int total = 0;
+            for (int64_t i = 0; i < kQ4Group; ++i) {
+              const int v = static_cast<int>(next() % 255) - 127;
+              p[r * k + g * kQ4Group + i] = static_cast<int8_t>(v);
+              total += v;
+            }
+            sum[r * groups + g] = static_cast<float>(total);
+            scale[r * groups + g] = 1e-2f * static_cast<float>(1 + next() % 100);
+          }
+        const Q4Rows x{p.data(), scale.data(), sum.data(), k, groups};
+        for (bool interleaved : {false, true}) {
+          std::vector<float> y(rows * n, -1.0f);
+          float spill[kMaxTileRows * kBlockCols];
+          const int64_t half_blocks = blocks / 2;  // two pieces of the column blocks, as threads share them out
+          q4_gemm(w, x, rows, y.data(), n, 0, half_blocks, spill, interleaved);
+          q4_gemm(w, x, rows, y.data(), n, half_blocks, blocks, spill, interleaved);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < n; ++c) {
+              float acc = 0.f;
+              for (int64_t g = 0; g < groups; ++g) {
+                int32_t qsum = 0;
+                for (int64_t i = 0; i < kQ4Group; ++i) qsum += q[c * k + g * kQ4Group + i] * p[r * k + g * kQ4Group + i];
+                const float dd = d[c * groups + g], mm = m[c * groups + g];
+                acc = mul_add(scale[r * groups + g], mul_add(dd, static_cast<float>(qsum), mm * sum[r * groups + g]), acc);
+              }
+              ++checked;
+              if (y[r * n + c] != acc && bad++ < 5)
+                std::printf("bits=%d m=%d n=%ld k=%ld rows=%ld interleaved=%d row %ld col %ld: %g != %g\n", bits,
+                            int(with_m), (long)n, (long)k, (long)rows, int(interleaved), (long)r, (long)c,
+                            y[r * n + c], acc);
+            }
+        }
+      }
+    }
+  std::printf("%s %d of %d\n", bad ? "wrong" : "ok", bad, checked);
+  return bad != 0;
+}
+"""
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_block_gemm_is_exact_on_each_instruction_set(target, tmp_path):
+    command = native.program_command(tmp_path / "blocks.cpp", tmp_path / "blocks", target, openmp=False)
+    if command is None:
+        pytest.skip("no C++ compiler")
+    missing = TARGETS[target] - set(native.cpu_flags().split())
+    if missing:
+        pytest.skip(f"this CPU cannot run -march={target} code (no {', '.join(sorted(missing))})")
+    (tmp_path / "blocks.cpp").write_text(BLOCK_SOURCE)
+    built = subprocess.run(command, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    ran = subprocess.run([str(tmp_path / "blocks")], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert ran.stdout.startswith("ok 0 of ")

@@ -3,9 +3,9 @@ with the ``gguf`` package, laid out as llama.cpp's converter lays it out (its te
 permuted, Gemma's norms stored as 1 + w), then read the way ``paradecode.load`` reads a .gguf file:
 
 * all F32: the converted model's fp32 logits equal the checkpoint's own (transformers, from the HF weights);
-* projections as Q4_0 blocks: ``--dtype q4`` runs those blocks as stored, and its logits follow transformers'
-  forward over the same blocks dequantized (int8 activations: close, not equal); a q/k row order read wrongly
-  fails it. Methods equal ``ar`` on it.
+* projections as Q4_0 blocks, or projections and LM head as Q8_0 blocks: ``--dtype q4`` runs those blocks as
+  stored, and its logits follow transformers' forward over the same blocks dequantized (int8 activations: close,
+  not equal); a q/k row order read wrongly fails it. Methods equal ``ar`` on it.
 
 (Mistral checkpoints are written as ``llama`` GGUF files by llama.cpp; the HF-folder tests in
 ``test_architectures.py`` cover its window.)"""
@@ -49,8 +49,12 @@ def tiny_model(architecture: str) -> transformers.PreTrainedModel:
     return model
 
 
-def write_gguf(model: transformers.PreTrainedModel, architecture: str, path, q4: bool) -> None:
-    """``model`` as llama.cpp's converter would write it; with ``q4`` the layers' projections as Q4_0 blocks."""
+QUANTS = {"q4": "Q4_0", "q8": "Q8_0"}  # file name -> the blocks of its layers' projections (q8: and its LM head)
+
+
+def write_gguf(model: transformers.PreTrainedModel, architecture: str, path, kind: str | None) -> None:
+    """``model`` as llama.cpp's converter would write it; with ``kind`` the layers' projections as blocks of that
+    type (Q8_0: the LM head too), else all F32."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     config, arch = model.config, getattr(gguf.MODEL_ARCH, ARCHS[architecture])
@@ -91,9 +95,11 @@ def write_gguf(model: transformers.PreTrainedModel, architecture: str, path, q4:
             data = data + 1
         data = data.numpy()
         new_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if q4 and name.startswith("model.layers.") and name.endswith("proj.weight"):
-            writer.add_tensor(new_name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q4_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        blocks = kind is not None and (name.startswith("model.layers.") and name.endswith("proj.weight")
+                                       or kind == "Q8_0" and name == "lm_head.weight")
+        if blocks:
+            quant = gguf.GGMLQuantizationType[kind]
+            writer.add_tensor(new_name, gguf.quants.quantize(data, quant), raw_dtype=quant)
         else:
             writer.add_tensor(new_name, data)
     writer.write_header_to_file()
@@ -107,8 +113,9 @@ def written(request, tmp_path_factory):
     architecture = request.param
     model = tiny_model(architecture)
     folder = tmp_path_factory.mktemp(f"gguf-{architecture}")
-    for q4 in (False, True):
-        write_gguf(model, architecture, folder / f"{architecture}-{'q4' if q4 else 'f32'}.gguf", q4)
+    write_gguf(model, architecture, folder / f"{architecture}-f32.gguf", None)
+    for file, kind in QUANTS.items():
+        write_gguf(model, architecture, folder / f"{architecture}-{file}.gguf", kind)
     return architecture, model, folder, tmp_path_factory.mktemp("cache")
 
 
@@ -138,11 +145,14 @@ def test_a_gguf_file_loads_on_our_forward_with_the_checkpoints_logits(written):
 
 
 @pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off (q4 needs it)")
-def test_q4_runs_the_files_own_blocks_of_each_architecture(written):
+@pytest.mark.parametrize("file", sorted(QUANTS))
+def test_q4_runs_the_files_own_blocks_of_each_architecture(written, file):
     architecture, _, folder, cache = written
-    name = f"{architecture}-q4.gguf"
+    name = f"{architecture}-{file}.gguf"
     loaded = paradecode.load(str(folder / name), backend="llama", dtype="q4", max_length=128, cache_dir=cache)
     assert loaded.dtype == "q4"
+    head = loaded.backend._lm_head  # the file's Q8_0 head as stored; an F32 head: the int8 backend's
+    assert getattr(head, "bits", None) == (8 if file == "q8" else None)
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
                                                                   dtype=torch.float32).eval()
     tokens = ids(40, seed=3)

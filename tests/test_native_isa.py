@@ -73,7 +73,13 @@ extern "C" __attribute__((noinline, flatten)) void check_amx_tiles(const PackedI
 }
 #endif
 extern "C" __attribute__((noinline, flatten)) void check_q4(const PackedQ4& w, const Q4Rows& x, float* acc) {
-  q4_tile<4, 4>(w, 0, 1, x, acc);
+  q4_tile_inlined<4, 4>(w, 0, 1, x, acc);
+}
+extern "C" __attribute__((noinline, flatten)) void check_q8(const PackedQ4& w, const Q4Rows& x, float* acc) {
+  q4_tile_inlined<4, 4, 8>(w, 0, 1, x, acc);
+}
+extern "C" __attribute__((noinline, flatten)) void check_q4_stream(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y) {
+  q4_blocks<kQ4StreamRows, 1>(w, 0, x, rows, y, 64);
 }
 extern "C" __attribute__((noinline, flatten)) float check_max(const float* x, int64_t n) {
   return max_value(x, n) + abs_max(x, n);
@@ -139,14 +145,27 @@ def test_the_int8_gemm_uses_the_targets_integer_dot_product(target):
         assert "imul" not in body, f"{march}: {name} multiplies scalars"
 
 
-def test_the_4bit_gemm_uses_the_targets_integer_dot_product_and_packed_float_steps(target):
+@pytest.mark.parametrize("entry", ["check_q4", "check_q8"])
+def test_the_block_gemm_uses_the_targets_integer_dot_product_and_packed_float_steps(target, entry):
+    """The 4-bit tile and its 8-bit (Q8_0) form."""
     march, assembly = target
-    body = function(assembly, "check_q4")
+    body = function(assembly, entry)
     instruction = Q4_TARGETS[march]
-    assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in the 4-bit tile"
-    assert len(PACKED_FMA.findall(body)) >= 16, f"{march}: the 4-bit tile's per-group float steps are not packed"
-    assert not SCALAR_FMA.findall(body), f"{march}: the 4-bit tile's float steps run lane by lane"
-    assert body.count("imul") <= 4, f"{march}: the 4-bit tile multiplies scalars (beyond a few for addresses)"
+    assert re.search(rf"\b{instruction}\s[^\n]*%[yz]mm", body), f"{march}: no packed {instruction} in {entry}"
+    assert len(PACKED_FMA.findall(body)) >= 16, f"{march}: {entry}'s per-group float steps are not packed"
+    assert not SCALAR_FMA.findall(body), f"{march}: {entry}'s float steps run lane by lane"
+    assert body.count("imul") <= 4, f"{march}: {entry} multiplies scalars (beyond a few for addresses)"
+
+
+def test_the_block_streams_one_and_two_row_tiles_are_inlined(target):
+    """The one- and two-row stream must not call a function per group (GCC's cost model left the tile a call there,
+    and one row took up to 1.28x the time): only the taller tiles are called."""
+    march, assembly = target
+    body = function(assembly, "check_q4_stream")
+    calls = re.findall(r"\bcall\s+(\S+)", body)
+    tiles = [c for c in calls if "q4_tile" in c]
+    assert not any("q4_tile_calledILi1ELi1E" in c or "q4_tile_calledILi2ELi1E" in c for c in tiles), (march, tiles)
+    assert all("q4_tile_called" in c for c in tiles), (march, tiles)
 
 
 def amx_tiles(target, entry: str, tiles: str, label: str) -> str | None:

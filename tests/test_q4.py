@@ -1,4 +1,5 @@
-"""The q4 dtype: a GGUF checkpoint's own 4-bit blocks on the native forward (backends/q4.py, native/gemm_q4.h).
+"""The q4 dtype: a GGUF checkpoint's own 4- and 8-bit blocks on the native forward (backends/q4.py,
+native/gemm_q4.h).
 
 Blocks decode as gguf decodes them; the kernel computes the block formula; every row equals its one-token pass to
 the bit (so every method equals ar, alone or batched); files and models it cannot run get a clear error."""
@@ -28,7 +29,7 @@ CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
 # tile and single blocks), down over 3 groups; "deep": 4 groups per row, head_dim 64.
 SHAPES = {"small": dict(hidden_size=32, num_attention_heads=8, num_key_value_heads=1, intermediate_size=96),
           "deep": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)}
-KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1}
+KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q8_0": GGMLQuantizationType.Q8_0}
 
 
 def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
@@ -53,10 +54,15 @@ def q4_layers(model: transformers.LlamaForCausalLM, kind: str = "Q4_1") -> list[
     return layers
 
 
-def q4_backend(seed: int = 0, shape: str = "small", kind: str = "Q4_1") -> Q4LlamaBackend:
+def q4_backend(seed: int = 0, shape: str = "small", kind: str = "Q4_1", head: str | None = None) -> Q4LlamaBackend:
+    """The q4 backend of a tiny model: its layers as ``kind`` blocks; the LM head as ``head`` blocks (the file's
+    own head), or with None the int8 backend's."""
     model = llama(seed, shape)
-    int8 = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION, native=False).export_state()
     config = LlamaBackend.from_hf(model)
+    if head is not None:
+        return Q4LlamaBackend(config.shape, model.state_dict(), layers=q4_layers(model, kind),
+                              head=blocks_of(model.lm_head.weight, head))
+    int8 = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION, native=False).export_state()
     return Q4LlamaBackend(config.shape, model.state_dict(), layers=q4_layers(model, kind), int8_state=int8)
 
 
@@ -69,28 +75,33 @@ def test_blocks_decode_as_gguf_dequantizes_them(kind):
     weight = torch.randn(40, 96) * torch.linspace(0.1, 3.0, 96)
     raw = quants.quantize(weight.numpy(), KINDS[kind])
     blocks = q4.decode(raw, kind, 40, 96)
-    assert blocks.q.max() <= 15 and blocks.shape == (40, 96)
+    assert blocks.bits == q4.BITS[kind] and blocks.shape == (40, 96)
+    assert blocks.q.max() <= (15 if kind != "Q8_0" else 255) and blocks.q.max() > 8
+    assert blocks.m_is_implied == (kind != "Q4_1")
     assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, KINDS[kind]))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_packing_puts_each_weight_where_the_kernel_reads_it(kind):
-    """Unpack the packed bytes by the layout gemm_q4.h documents and get every nibble, d and m back (Q4_0 stores
-    no m: the kernel computes -8 d)."""
+    """Unpack the packed bytes by the layout gemm_q4.h documents and get every nibble (Q8_0: byte), d and m back
+    (Q4_0 and Q8_0 store no m: the kernel computes -8 d and -128 d)."""
     blocks = blocks_of(torch.randn(40, 64), kind)
-    group_bytes = 288 if kind == "Q4_0" else 320
-    assert blocks.m_is_minus_8d == (kind == "Q4_0")
+    group_bytes = {"Q4_0": 288, "Q4_1": 320, "Q8_0": 544}[kind]
+    scales = 512 if kind == "Q8_0" else 256
     packed = q4.pack(blocks).reshape(3, 2, group_bytes)  # 3 blocks of 16 columns (the last one partial), 2 groups
     for col in (0, 17, 39):
         b, c = divmod(col, 16)
         for g in range(2):
             group = packed[b, g]
             for k in range(32):
-                j, rest = divmod(k, 8)
-                byte = group[j * 64 + c * 4 + rest % 4]
-                nibble = byte & 0x0F if rest < 4 else byte >> 4
-                assert nibble == blocks.q[col, g * 32 + k]
-            d = group[256 + 2 * c: 258 + 2 * c].view(torch.float16)
+                if kind == "Q8_0":  # vector k // 4, byte k % 4 of the column
+                    value = group[(k // 4) * 64 + c * 4 + k % 4]
+                else:
+                    j, rest = divmod(k, 8)
+                    byte = group[j * 64 + c * 4 + rest % 4]
+                    value = byte & 0x0F if rest < 4 else byte >> 4
+                assert value == blocks.q[col, g * 32 + k]
+            d = group[scales + 2 * c: scales + 2 + 2 * c].view(torch.float16)
             assert d == blocks.d[col, g]
             if kind == "Q4_1":
                 m = group[288 + 2 * c: 290 + 2 * c].view(torch.float16)
@@ -125,7 +136,11 @@ def test_the_q4_forward_computes_the_blocks_model(kind):
     # the vector kernel everywhere; the tiles where the CPU has AMX (this model's int8 LM head, k 128, fits them)
     amx = "amx_int8" in native.cpu_flags().split()
     assert backend.available_kernels() == (["own", "interleaved", "amx"] if amx else ["own", "interleaved"])
-    assert backend.weight_bytes < Int8LlamaBackend.from_hf(model, calibration=CALIBRATION).weight_bytes
+    int8_bytes = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION).weight_bytes
+    if kind == "Q8_0":  # a byte per weight as int8, plus a half float per 32
+        assert int8_bytes < backend.weight_bytes < 1.07 * int8_bytes
+    else:
+        assert backend.weight_bytes < int8_bytes
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -134,6 +149,48 @@ def test_every_q4_row_equals_its_one_token_pass_to_the_bit(shape, kind):
     """A long pass, a causal chain and a tree give each row what a one-token forward gives it later."""
     backend = q4_backend(3, shape, kind)
     assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+
+
+@pytest.mark.parametrize("head", sorted(KINDS))
+def test_the_files_own_lm_head_computes_its_blocks_and_keeps_rows_exact(head):
+    """With the file's head blocks (SmolLM2's Q8_0 embedding) every weight of the forward is the checkpoint's:
+    the logits are the fully dequantized model's up to the activations' 8-bit rounding, the final norm is the
+    checkpoint's (no smoothing to undo on returned hidden states), rows stay exact and methods equal ar."""
+    model = llama(5, "deep")
+    backend = q4_backend(5, "deep", "Q4_1", head=head)
+    assert isinstance(backend._lm_head, q4.Q4Linear) and backend._lm_head.bits == q4.BITS[head]
+    layers = q4_layers(model)
+    with torch.no_grad():
+        for layer, blocks in zip(model.model.layers, layers):
+            a, m = layer.self_attn, layer.mlp
+            q, k, v = blocks["qkv"].dequantize().split([a.q_proj.weight.shape[0], a.k_proj.weight.shape[0],
+                                                        a.v_proj.weight.shape[0]])
+            a.q_proj.weight.copy_(q), a.k_proj.weight.copy_(k), a.v_proj.weight.copy_(v)
+            a.o_proj.weight.copy_(blocks["o"].dequantize())
+            gate, up = blocks["gate_up"].dequantize().chunk(2)
+            m.gate_proj.weight.copy_(gate), m.up_proj.weight.copy_(up)
+            m.down_proj.weight.copy_(blocks["down"].dequantize())
+        model.lm_head.weight.copy_(blocks_of(model.lm_head.weight, head).dequantize())
+    reference = LlamaBackend.from_hf(model)
+    ids = tokens(40, seed=3)
+    got = backend.forward(ids, return_hidden=True)
+    want = reference.forward(ids, return_hidden=True)
+    assert (got.logits - want.logits).abs().max() < 0.05 * want.logits.abs().max()
+    assert (got.logits.argmax(-1) == want.logits.argmax(-1)).float().mean() > 0.9
+    assert (got.hidden - want.hidden).abs().max() < 0.05 * want.hidden.abs().max()
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+    prompt = tokens(20, seed=10).tolist() * 2
+    reference_ids, _ = run(backend, "ar", prompt, max_new_tokens=30)
+    for method in ("pld-tree", "jacobi"):
+        assert run(backend, method, prompt, max_new_tokens=30)[0] == reference_ids, method
+
+
+def test_a_file_head_of_the_wrong_shape_is_a_clear_error():
+    model = llama(5, "small")
+    config = LlamaBackend.from_hf(model)
+    with pytest.raises(ParadecodeError, match="LM head is 64 x 64, the model's 64 x 32"):
+        Q4LlamaBackend(config.shape, model.state_dict(), layers=q4_layers(model),
+                       head=blocks_of(torch.randn(64, 64), "Q8_0"))
 
 
 # bucket -> kernel: the 4-bit GEMM's AMX tile form (gemm_q4_amx.h) on every pass size, and on verify and prefill;
@@ -194,13 +251,17 @@ def test_q4_0_without_its_m_computes_the_same_bits(monkeypatch):
     full = q4_backend(4, "deep", "Q4_0")
     assert torch.equal(full.forward(ids).logits, want)
     assert compact.weight_bytes < full.weight_bytes
-    with pytest.raises(ValueError, match="only where every m is -8 d"):
+    with pytest.raises(ValueError, match="only where every m is implied"):
         pack(blocks_of(torch.randn(16, 32), "Q4_1"), with_m=False)
+    with pytest.raises(ValueError, match="8-bit blocks never store m"):
+        pack(blocks_of(torch.randn(16, 32), "Q8_0"), with_m=True)
 
 
-@pytest.mark.parametrize("method", ["ngram", "pld", "pld-tree", "jacobi", "lookahead"])
-def test_methods_equal_ar_on_q4(method):
-    backend = q4_backend(9)
+@pytest.mark.parametrize("method,kind", [(method, "Q4_1") for method in ("ngram", "pld", "pld-tree", "jacobi",
+                                                                           "lookahead")]
+                         + [("pld-tree", "Q8_0"), ("jacobi", "Q8_0")])
+def test_methods_equal_ar_on_q4(method, kind):
+    backend = q4_backend(9, kind=kind)
     prompt = tokens(20, seed=10).tolist() * 2
     reference, _ = run(backend, "ar", prompt, max_new_tokens=40)
     output, _ = run(backend, method, prompt, max_new_tokens=40)
@@ -235,20 +296,20 @@ def test_a_model_not_from_a_gguf_file_is_a_clear_error(tmp_path):
         q4.gguf_source(tmp_path)
 
 
-def test_a_gguf_file_without_4bit_layers_is_a_clear_error(tmp_path):
+def test_a_gguf_file_without_block_layers_it_runs_is_a_clear_error(tmp_path):
     from gguf import GGUFWriter
 
-    path = tmp_path / "q8.gguf"
+    path = tmp_path / "q5.gguf"
     writer = GGUFWriter(str(path), "llama")
     weight = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
     for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-        raw = quants.quantize(weight, GGMLQuantizationType.Q8_0)
-        writer.add_tensor(f"blk.0.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+        raw = quants.quantize(weight, GGMLQuantizationType.Q5_0)
+        writer.add_tensor(f"blk.0.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q5_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ParadecodeError, match="Q4_0 and Q4_1 .* is Q8_0"):
+    with pytest.raises(ParadecodeError, match="Q4_0, Q4_1 and Q8_0 .* is Q5_0"):
         q4.read_layers(path, 1, 2, 1)
 
 
@@ -285,9 +346,10 @@ def test_a_q4_pass_gives_the_same_bits_on_one_thread_or_several():
     assert_same_bits_on_any_thread_count(backend, [tokens(rows, rows) for rows in (1, 6, 70)])
 
 
-def write_q4_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 2, kv_heads: int = 1, inter: int = 64):
-    """A Llama GGUF file of ``layers`` layers of Q4_1 projections (random weights; no metadata beyond the
-    architecture)."""
+def write_q4_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 2, kv_heads: int = 1, inter: int = 64,
+                  head: str = "Q8_0"):
+    """A Llama GGUF file of ``layers`` layers of Q4_1 projections and a tied embedding of type ``head`` (random
+    weights; no metadata beyond the architecture)."""
     from gguf import GGUFWriter
 
     rng = np.random.default_rng(0)
@@ -300,6 +362,9 @@ def write_q4_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 2, kv_he
         for name, shape in shapes.items():
             raw = quants.quantize(rng.standard_normal(shape).astype(np.float32), GGMLQuantizationType.Q4_1)
             writer.add_tensor(f"blk.{i}.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q4_1)
+    kind = GGMLQuantizationType[head]
+    raw = quants.quantize(rng.standard_normal((VOCAB, hidden)).astype(np.float32), kind)
+    writer.add_tensor("token_embd.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -308,31 +373,40 @@ def write_q4_gguf(path, layers: int = 2, hidden: int = 32, heads: int = 2, kv_he
 
 def test_packed_layers_are_kept_after_the_first_read_and_read_again_when_the_kept_copy_is_damaged(tmp_path,
                                                                                               monkeypatch):
-    """``load_layers`` packs the file's layers once and keeps them in the cache: later loads read the kept copy (the
+    """``load_blocks`` packs the file's layers once and keeps them in the cache: later loads read the kept copy (the
     gguf reader parses every metadata field, seconds on a real model) and get the same bytes; a damaged copy is read
     from the file again with a warning and replaced; a changed file is a new copy."""
     path, cache = tmp_path / "m.gguf", tmp_path / "cache"
     write_q4_gguf(path)
-    first = q4.load_layers(path, 2, 2, 1, cache)
+    first, head = q4.load_blocks(path, 2, 2, 1, cache)
     fresh = [{name: q4.Q4Linear.from_blocks(blocks) for name, blocks in layer.items()}
              for layer in q4.read_layers(path, 2, 2, 1)]
+    from gguf import GGUFReader
+
+    fresh_head = q4.Q4Linear.from_blocks(q4.read_head(GGUFReader(str(path))))
     (kept,) = (cache / "q4").iterdir()
 
     def same(a, b):
         return all(torch.equal(a[i][n].packed, b[i][n].packed) and (a[i][n].n, a[i][n].k) == (b[i][n].n, b[i][n].k)
                    for i in range(2) for n in ("qkv", "o", "gate_up", "down"))
 
-    assert same(first, fresh)
+    assert same(first, fresh) and torch.equal(head.packed, fresh_head.packed)
+    assert (head.n, head.k, head.bits) == (VOCAB, 32, 8)
     read = q4.iter_layers
     monkeypatch.setattr(q4, "iter_layers", lambda *a: pytest.fail("the kept copy was not used"))
-    assert same(q4.load_layers(path, 2, 2, 1, cache), fresh)
+    layers, kept_head = q4.load_blocks(path, 2, 2, 1, cache)
+    assert same(layers, fresh) and torch.equal(kept_head.packed, fresh_head.packed) and kept_head.bits == 8
     kept.write_bytes(kept.read_bytes()[:100])  # truncated
     monkeypatch.setattr(q4, "iter_layers", read)
     with pytest.warns(UserWarning, match="could not be read"):
-        assert same(q4.load_layers(path, 2, 2, 1, cache), fresh)
+        assert same(q4.load_blocks(path, 2, 2, 1, cache)[0], fresh)
     monkeypatch.setattr(q4, "iter_layers", lambda *a: pytest.fail("the replaced copy was not used"))
-    assert same(q4.load_layers(path, 2, 2, 1, cache), fresh)
+    assert same(q4.load_blocks(path, 2, 2, 1, cache)[0], fresh)
     monkeypatch.setattr(q4, "iter_layers", read)
     write_q4_gguf(path, layers=3)  # another file at the same path
-    assert len(q4.load_layers(path, 3, 2, 1, cache)) == 3 and len(list((cache / "q4").iterdir())) == 2
-    assert q4.load_layers(path, 3, 2, 1, None)  # no cache: read, nothing kept
+    assert len(q4.load_blocks(path, 3, 2, 1, cache)[0]) == 3 and len(list((cache / "q4").iterdir())) == 2
+    assert q4.load_blocks(path, 3, 2, 1, None)[0]  # no cache: read, nothing kept
+    write_q4_gguf(path, head="F16")  # a head type the kernel does not run: the int8 backend's head instead
+    layers, head = q4.load_blocks(path, 2, 2, 1, cache)
+    assert len(layers) == 2 and head is None
+    assert q4.load_blocks(path, 2, 2, 1, cache)[1] is None  # and so from the kept copy

@@ -164,7 +164,8 @@ def int8_linear(weight: torch.Tensor, precise: bool):
 
 def load(path: Path, spec: Mapping[str, Any], dtype: str, max_length: int, kernel_cache: Path | None = None):
     """Our native backend on a ``write_gguf`` file: its Q4_0 blocks as stored (``q4``) or the same weights as
-    per-channel int8 (``int8``); the embedding and an int8 LM head from the file's output matrix."""
+    per-channel int8 (``int8``); the embedding, and the LM head from the file's output matrix: its Q8_0 blocks as
+    stored on ``q4`` (as the real path runs them), else int8."""
     from gguf import GGUFReader
 
     from paradecode.backends import q4
@@ -176,11 +177,16 @@ def load(path: Path, spec: Mapping[str, Any], dtype: str, max_length: int, kerne
     if dtype not in ("q4", "int8"):
         raise ValueError(f"synthetic models load as q4 or int8, not {dtype!r}")
     shape = llama_shape(spec)
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    reader = GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
     embed = dense(tensors["token_embd.weight"])  # [V, D]
-    head = int8_linear(dense(tensors["output.weight"]) if "output.weight" in tensors else embed, precise=True)
+    head_blocks = q4.read_head(reader) if dtype == "q4" else None
+    if head_blocks is not None:
+        head = q4.Q4Linear.from_blocks(head_blocks)
+    else:
+        head = int8_linear(dense(tensors["output.weight"]) if "output.weight" in tensors else embed, precise=True)
     layers = []
-    for i, blocks in enumerate(q4.iter_layers(path, shape.num_layers, shape.num_heads, shape.num_kv_heads)):
+    for i, blocks in enumerate(q4.iter_layers(path, shape.num_layers, shape.num_heads, shape.num_kv_heads, reader)):
         if dtype == "q4":
             linears = {name: q4.Q4Linear.from_blocks(blocks[name]) for name in PROJECTIONS}
         else:

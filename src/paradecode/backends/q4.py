@@ -1,11 +1,12 @@
-"""4-bit projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 weight blocks, run as stored.
+"""Block projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 / Q8_0 weight blocks, run as stored.
 
 The int8 dtype dequantizes a 4-bit checkpoint and quantizes it again per output channel, which adds error and
 reads ~1.4x the bytes per token. ``q4`` keeps the checkpoint's blocks (32 weights of one output column as
 ``w = d q + m``, ``q`` in 0..15; Q4_0 is ``m = -8 d``) and multiplies them against activations quantized per
 group of the same 32 inputs (``backends/native/gemm_q4.h``: exact integer sums per group, then a fixed order of
-float steps, so every row stays exact whatever else is in the pass). The LM head (the embedding, Q8_0 in the
-shipped SmolLM2 file) stays the int8 backend's.
+float steps, so every row stays exact whatever else is in the pass). Q8_0 blocks (``w = d q``, ``q`` in -127..127)
+run in the same kernel as 8-bit ``q + 128`` with ``m = -128 d``. The LM head is the file's too where its type is
+one of these (the embedding, Q8_0 in the shipped SmolLM2 file); otherwise the int8 backend's.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ from paradecode.errors import ParadecodeError
 
 GROUP = 32  # weights per block of the checkpoint, and inputs per activation scale
 BLOCK_COLS = 16
-BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20}  # bytes per 32 weights: d (fp16) [, m (fp16)], 16 bytes of nibbles
-FORMAT = 1  # bump when the packed layout changes meaning
+BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 weights: d (fp16) [, m (fp16)], the quants
+BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+IMPLIED_M = {4: -8, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q8_0)
+FORMAT = 2  # bump when the packed layout changes meaning
 
 
 @dataclass
 class Blocks:
-    """A weight [n, k] as 4-bit blocks: q [n, k] uint8 (0..15), d and m [n, k / 32] float16."""
+    """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, or 0..255 for 8 bits: Q8_0's q + 128),
+    d and m [n, k / 32] (float16; m float32 for 8 bits, where it is -128 d)."""
 
     q: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor
+    bits: int = 4
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -45,16 +50,23 @@ class Blocks:
         return (self.d.float()[..., None] * q + self.m.float()[..., None]).reshape(n, k)
 
     @property
-    def m_is_minus_8d(self) -> bool:
-        """Whether every block is Q4_0's (m = -8 d, exactly as a half float), so m need not be stored."""
-        return torch.equal(self.m.float(), self.d.float() * -8)
+    def m_is_implied(self) -> bool:
+        """Whether every m is the multiple of d the kernel computes (Q4_0's -8 d, Q8_0's -128 d), so m need not
+        be stored."""
+        return torch.equal(self.m.float(), self.d.float() * IMPLIED_M[self.bits])
 
     def rows(self, index: torch.Tensor) -> Blocks:
-        return Blocks(self.q[index], self.d[index], self.m[index])
+        return Blocks(self.q[index], self.d[index], self.m[index], self.bits)
 
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
-        return Blocks(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), torch.cat([p.m for p in parts]))
+        """The parts' rows one after the other (one fused projection: qkv, gate_up), all of one width."""
+        bits = {p.bits for p in parts}
+        if len(bits) > 1:
+            raise ParadecodeError("the GGUF file mixes 4- and 8-bit blocks within one fused projection (q, k, v or "
+                                  "gate, up): use --dtype int8.")
+        return Blocks(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
+                      torch.cat([p.m.float() for p in parts]).to(parts[0].m.dtype), bits.pop())
 
 
 def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
@@ -62,6 +74,10 @@ def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
     size = BLOCK_LAYOUTS[kind]
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GROUP, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if kind == "Q8_0":  # q as the kernel reads it, unsigned: q + 128; m = -128 d (as a float: it may overflow halves)
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, k)
+        m = d.astype(np.float32) * -128
+        return Blocks(torch.from_numpy(q), torch.from_numpy(d.copy()), torch.from_numpy(m), bits=8)
     if kind == "Q4_1":
         m, nibbles = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
     else:
@@ -72,9 +88,10 @@ def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
 
 def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     """The native kernel's layout (gemm_q4.h): per 16 columns and 32 inputs, 256 bytes of nibbles (vector j,
-    column c, byte i: input 8j+i low, 8j+4+i high), then the 16 columns' d and, unless every m is -8 d (Q4_0:
-    the kernel computes it, to the same bits), m as half floats. ``with_m`` forces m in or out (out only where
-    every m is -8 d)."""
+    column c, byte i: input 8j+i low, 8j+4+i high) or, for 8 bits, 512 bytes (vector v, column c, byte i: input
+    4v+i), then the 16 columns' d and, unless every m is the implied one (Q4_0's -8 d, Q8_0's -128 d: the kernel
+    computes it, to the same bits), m as half floats. ``with_m`` forces m in or out (out only where every m is
+    implied; 8-bit blocks never store m)."""
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
     groups = k // GROUP
@@ -82,28 +99,35 @@ def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     q[:n] = blocks.q
     d = torch.zeros(columns, groups, dtype=torch.float16)
     m = torch.zeros(columns, groups, dtype=torch.float16)
-    d[:n], m[:n] = blocks.d, blocks.m
+    d[:n] = blocks.d
     b = columns // BLOCK_COLS
-    q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
-    nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [block, column, group, j, i]
-    nibbles = nibbles.permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
+    if blocks.bits == 8:
+        quants = q.reshape(b, BLOCK_COLS, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(b, groups, 512)
+    else:
+        m[:n] = blocks.m
+        q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
+        nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [block, column, group, j, i]
+        quants = nibbles.permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
     if with_m is None:
-        with_m = not blocks.m_is_minus_8d
-    elif not with_m and not blocks.m_is_minus_8d:
-        raise ValueError("m can be left out only where every m is -8 d (Q4_0 blocks)")
+        with_m = not blocks.m_is_implied
+    if with_m and blocks.bits == 8:
+        raise ValueError("8-bit blocks never store m: every m must be -128 d")
+    if not with_m and not blocks.m_is_implied:
+        raise ValueError("m can be left out only where every m is implied (Q4_0 or Q8_0 blocks)")
     stored = (d, m) if with_m else (d,)
     scales = [x.reshape(b, BLOCK_COLS, groups).permute(0, 2, 1).contiguous().view(torch.uint8) for x in stored]
-    return torch.cat([nibbles, *scales], dim=2).reshape(-1).contiguous()
+    return torch.cat([quants, *scales], dim=2).reshape(-1).contiguous()
 
 
 @dataclass
 class Q4Linear:
-    """A projection on 4-bit blocks; runs in the native forward only (``parts``)."""
+    """A projection on a checkpoint's 4- or 8-bit blocks; runs in the native forward only (``parts``)."""
 
     packed: torch.Tensor  # uint8, gemm_q4.h's layout
     n: int
     k: int
     bias: torch.Tensor | None = None  # [n], float32 whatever it is given in
+    bits: int = 4
 
     def __post_init__(self) -> None:
         if self.bias is not None:
@@ -112,7 +136,7 @@ class Q4Linear:
     @classmethod
     def from_blocks(cls, blocks: Blocks, bias: torch.Tensor | None = None) -> Q4Linear:
         n, k = blocks.shape
-        return cls(pack(blocks), n, k, bias)
+        return cls(pack(blocks), n, k, bias, blocks.bits)
 
     def with_bias(self, bias: torch.Tensor | None) -> Q4Linear:
         """The same packed weight with ``bias``."""
@@ -123,8 +147,8 @@ class Q4Linear:
         return self.packed.numel()
 
     def parts(self) -> tuple:
-        """What the native forward takes of a 4-bit projection."""
-        return "q4", self.packed, self.n, self.k, self.bias
+        """What the native forward takes of a block projection."""
+        return "q8" if self.bits == 8 else "q4", self.packed, self.n, self.k, self.bias
 
 
 def gguf_source(model_dir: Path) -> Path:
@@ -145,13 +169,13 @@ def gguf_source(model_dir: Path) -> Path:
     return source
 
 
-def load_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
-                cache: Path | None) -> list[dict[str, Q4Linear]]:
-    """``read_layers``, packed (``Q4Linear``, no bias), kept in ``cache`` after the first read of this file. The
-    gguf package's reader parses every metadata field of the file, the tokenizer's ~100,000 strings included:
-    SmolLM2-135M's layers took 2.5 s to read that way, most of a load, and its packed copy reads back in a
-    fraction of a second (Intel Xeon, 2026-12-05). A kept copy that cannot be read is read from the GGUF file
-    again, with a warning, and replaced."""
+def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
+                cache: Path | None) -> tuple[list[dict[str, Q4Linear]], Q4Linear | None]:
+    """``read_layers`` and ``read_head``, packed (``Q4Linear``, no bias), kept in ``cache`` after the first read of
+    this file. The gguf package's reader parses every metadata field of the file, the tokenizer's ~100,000
+    strings included: SmolLM2-135M's layers took 2.5 s to read that way, most of a load, and its packed copy reads
+    back in a fraction of a second (Intel Xeon, 2026-12-05). A kept copy that cannot be read is read from the
+    GGUF file again, with a warning, and replaced."""
     import hashlib
     import json
     import warnings
@@ -168,18 +192,42 @@ def load_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
         try:
             with safe_open(str(kept), "pt") as file:
                 shapes = json.loads(file.metadata()["shapes"])
-                return [{name: Q4Linear(file.get_tensor(f"{i}.{name}"), *shapes[i][name]) for name in shapes[i]}
-                        for i in range(num_layers)]
+                layers = [{name: Q4Linear(file.get_tensor(f"{i}.{name}"), n, k, bits=bits)
+                           for name, (n, k, bits) in shapes[i].items()} for i in range(num_layers)]
+                head_shape = json.loads(file.metadata()["head"])
+                head = None if head_shape is None else Q4Linear(file.get_tensor("head"), *head_shape[:2],
+                                                                bits=head_shape[2])
+                return layers, head
         except Exception as error:  # a damaged or truncated file, or another writer's
             warnings.warn(f"paradecode: the kept 4-bit layers {kept} could not be read ({type(error).__name__}: "
                           f"{error}); reading {path.name} again.", stacklevel=2)
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
     layers = [{name: Q4Linear.from_blocks(blocks) for name, blocks in layer.items()}
-              for layer in iter_layers(path, num_layers, heads, kv_heads)]
+              for layer in iter_layers(path, num_layers, heads, kv_heads, reader)]
+    head_blocks = read_head(reader)
+    head = None if head_blocks is None else Q4Linear.from_blocks(head_blocks)
     if kept is not None:
-        shapes = [{name: [linear.n, linear.k] for name, linear in layer.items()} for layer in layers]
-        keep_tensors({f"{i}.{name}": linear.packed for i, layer in enumerate(layers) for name, linear in layer.items()},
-                     kept, metadata={"shapes": json.dumps(shapes)})
-    return layers
+        shapes = [{name: [linear.n, linear.k, linear.bits] for name, linear in layer.items()} for layer in layers]
+        tensors = {f"{i}.{name}": linear.packed for i, layer in enumerate(layers) for name, linear in layer.items()}
+        if head is not None:
+            tensors["head"] = head.packed
+        keep_tensors(tensors, kept, metadata={"shapes": json.dumps(shapes), "head": json.dumps(
+            None if head is None else [head.n, head.k, head.bits])})
+    return layers, head
+
+
+def read_head(reader) -> Blocks | None:
+    """The LM head's blocks from a GGUF reader: ``output.weight``, or the embedding where the head is tied to it;
+    None where its type is not one the kernel runs (Q6_K, the usual head of a Q4_0 or Q4_K_M file: the int8
+    backend's head then)."""
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    tensor = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if tensor is None or tensor.tensor_type.name not in BLOCK_LAYOUTS:
+        return None
+    k, n = (int(x) for x in tensor.shape[:2])
+    return decode(tensor.data, tensor.tensor_type.name, n, k)
 
 
 def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Blocks]]:
@@ -188,14 +236,15 @@ def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[
     return list(iter_layers(path, num_layers, heads, kv_heads))
 
 
-def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Iterator[dict[str, Blocks]]:
+def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
+                reader=None) -> Iterator[dict[str, Blocks]]:
     """``read_layers`` one layer at a time (the file is mapped, not read: a large model's blocks need not all be
-    unpacked at once)."""
+    unpacked at once); ``reader``: the file's GGUFReader where the caller has one."""
     from gguf import GGUFReader
 
     from paradecode.models import gguf_architecture
 
-    reader = GGUFReader(str(path))
+    reader = reader if reader is not None else GGUFReader(str(path))
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     # llama.cpp's converter reorders the q and k rows of the "llama" architecture (Llama, Mistral) for its RoPE;
     # qwen2 and qwen3 files keep the checkpoint's order.
@@ -209,7 +258,7 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> Itera
         kind = tensor.tensor_type.name
         if kind not in BLOCK_LAYOUTS:
             raise ParadecodeError(
-                f"dtype q4 runs Q4_0 and Q4_1 weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
+                f"dtype q4 runs Q4_0, Q4_1 and Q8_0 weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
             )
         k, n = (int(x) for x in tensor.shape[:2])
         return decode(tensor.data, kind, n, k)

@@ -17,6 +17,15 @@
 //              m = -8 d is computed instead of read: in floats -8 times d is exact, so it is the same bits as
 //              the half float -8 d that a stored m would hold, for 10% fewer bytes per token.
 // A block's groups follow each other, so one thread streams each block's bytes in order.
+//
+// Q8_0 blocks (32 weights as w = d * q, q in -127..127) take the same kernel as 8-bit unsigned weights u = q + 128
+// with m = -128 d, computed like Q4_0's: vpdpbusd multiplies unsigned by signed bytes, and m * psum = -128 d psum
+// is exact in floats (an 11-bit d times an integer of at most 12 bits), so the fused multiply-add rounds
+// d * (sum u p - 128 psum) = d * sum q p once, as if the signed sum had been taken first. Packed per 16 columns
+// and 32 inputs, 544 bytes: eight 64-byte vectors v = 0..7, each [16 columns][4 bytes], byte i of column c being
+// u of input 4 v + i; then the 16 columns' d. Vector 2 j and 2 j + 1 meet the activations the nibbles of 4-bit
+// vector j meet (inputs 8 j .. 8 j + 3 and 8 j + 4 .. 8 j + 7), so the tiles below differ in how they get those
+// bytes only.
 #pragma once
 
 #include <algorithm>
@@ -31,18 +40,32 @@ namespace paradecode {
 constexpr int64_t kQ4Group = 32;        // inputs per block of the checkpoint (and per activation scale)
 constexpr int64_t kQ4GroupBytes = 320;  // packed bytes per 16 columns x 32 inputs with m (Q4_1)
 constexpr int64_t kQ4GroupBytesNoM = 288;  // without m (Q4_0: m = -8 d)
+constexpr int64_t kQ8GroupBytes = 544;     // 8-bit weights (Q8_0: m = -128 d, not stored)
 constexpr int64_t kQ4PrefetchGroups = 12;  // ask for the weights this far ahead (~4 KiB per block)
 
 struct PackedQ4 {
   const uint8_t* data;  // [blocks][groups][group_bytes]
   int64_t n, k, groups, blocks;
-  int64_t group_bytes = kQ4GroupBytes;  // kQ4GroupBytes, or kQ4GroupBytesNoM where m = -8 d is not stored
+  int64_t group_bytes = kQ4GroupBytes;  // kQ4GroupBytes, kQ4GroupBytesNoM where m = -8 d is not stored, or
+                                       // kQ8GroupBytes for 8-bit weights
   bool has_m() const { return group_bytes == kQ4GroupBytes; }
+  int bits() const { return group_bytes == kQ8GroupBytes ? 8 : 4; }
 };
 
-inline int64_t q4_packed_bytes(int64_t n, int64_t k, bool with_m = true) {
-  return (n + kBlockCols - 1) / kBlockCols * (k / kQ4Group) * (with_m ? kQ4GroupBytes : kQ4GroupBytesNoM);
+// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 8: never m).
+constexpr int64_t q4_group_bytes(bool with_m, int bits = 4) {
+  return bits == 8 ? kQ8GroupBytes : with_m ? kQ4GroupBytes : kQ4GroupBytesNoM;
 }
+
+inline int64_t q4_packed_bytes(int64_t n, int64_t k, bool with_m = true, int bits = 4) {
+  return (n + kBlockCols - 1) / kBlockCols * (k / kQ4Group) * q4_group_bytes(with_m, bits);
+}
+
+// Where a packed group's 16 d values start, and m's multiple of d where m is not stored (-8 for 4 bits, -128 for 8).
+template <int Bits>
+constexpr int64_t kScalesAt = Bits == 8 ? 512 : 256;
+template <int Bits>
+constexpr float kImpliedM = Bits == 8 ? -128.f : -8.f;
 
 // The activations of one row, quantized per group: p (int8, k values), a (float per group), psum (per group: an
 // integer of at most 32 * 127, held as the float it converts to exactly, so the kernel broadcasts it as it is).
@@ -88,11 +111,13 @@ inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, float psum
 }
 
 #if defined(__AVX512F__)
-// A packed group's d and m of its 16 columns (`scales`: the group's bytes from 256); m = -8 d without a stored m.
-__attribute__((always_inline)) inline void q4_scales(const uint8_t* scales, bool has_m, __m512& d, __m512& m) {
+// A packed group's d and m of its 16 columns (`scales`: the group's bytes from kScalesAt); m = implied_m * d
+// without a stored m.
+__attribute__((always_inline)) inline void q4_scales(const uint8_t* scales, bool has_m, float implied_m, __m512& d,
+                                                     __m512& m) {
   d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
   m = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
-            : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+            : _mm512_mul_ps(d, _mm512_set1_ps(implied_m));
 }
 
 // q4_finish_scalar on 16 columns: out += a * (d * qsum + m * psum), in that order (every kernel's float step).
@@ -104,11 +129,19 @@ __attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i
 #endif
 
 // MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms.
-template <int MR, int NB>
-inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, float* acc) {
+// Bits: 4 (the nibbles of Q4_0 / Q4_1) or 8 (Q8_0's bytes plus 128). Always inlined into the one- and two-row
+// stream (q4_blocks): GCC 12 left it a call per group there. AMD EPYC Zen 4, 2 threads, the two forms alternating
+// in one program (two runs, medians of 31-301 ratios): with the call one row of 4-bit blocks took 1.18-1.28x the
+// time on 21 MB of weights (held in the L3 cache) and 0.98-1.15x on 113 MB (read from memory), two rows
+// 1.17-1.35x and 1.02-1.27x; 8-bit blocks alike within 3%. Taller tiles keep the call: inlined, 3 rows took
+// 1.02-1.07x and 8 rows 1.00-1.07x their time.
+template <int MR, int NB, int Bits = 4>
+__attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x,
+                                                           float* acc) {
+  static_assert(Bits == 4 || Bits == 8, "4- or 8-bit weights");
   const int64_t block_stride = w.groups * w.group_bytes;
   const uint8_t* base = w.data + (b0 * w.groups + g) * w.group_bytes;
-  const bool has_m = w.has_m();
+  const bool has_m = Bits == 4 && w.has_m();
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   __m512i sums[MR][NB];
   unroll<MR>([&](auto r) { unroll<NB>([&](auto b) { sums[r][b] = _mm512_setzero_si512(); }); });
@@ -116,9 +149,14 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
   for (int j = 0; j < 4; ++j) {
     __m512i lo[NB], hi[NB];
     unroll<NB>([&](auto b) {
-      const __m512i v = _mm512_loadu_si512(base + b * block_stride + j * 64);
-      lo[b] = _mm512_and_si512(v, low);
-      hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      if constexpr (Bits == 8) {
+        lo[b] = _mm512_loadu_si512(base + b * block_stride + 2 * j * 64);
+        hi[b] = _mm512_loadu_si512(base + b * block_stride + (2 * j + 1) * 64);
+      } else {
+        const __m512i v = _mm512_loadu_si512(base + b * block_stride + j * 64);
+        lo[b] = _mm512_and_si512(v, low);
+        hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
     });
     unroll<MR>([&](auto r) {
       int32_t first, second;
@@ -132,7 +170,7 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
   }
   unroll<NB>([&](auto b) {
     __m512 d, m;
-    q4_scales(base + b * block_stride + 256, has_m, d, m);
+    q4_scales(base + b * block_stride + kScalesAt<Bits>, has_m, kImpliedM<Bits>, d, m);
     unroll<MR>([&](auto r) {
       q4_finish(d, m, sums[r][b], _mm512_set1_ps(x.scale[r * x.group_stride + g]),
                 _mm512_set1_ps(x.sum[r * x.group_stride + g]), acc + (r * NB + b) * kBlockCols);
@@ -141,30 +179,45 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   __m256i sums[MR][2 * NB];  // two halves of 8 columns per block
   unroll<MR>([&](auto r) { unroll<2 * NB>([&](auto b) { sums[r][b] = _mm256_setzero_si256(); }); });
-  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   for (int j = 0; j < 4; ++j) {
     __m256i lo[2 * NB], hi[2 * NB];
     unroll<2 * NB>([&](auto b) {
-      const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + (b / 2) * block_stride + j * 64 + (b % 2) * 32));
-      lo[b] = _mm256_and_si256(v, low);
-      hi[b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      const uint8_t* at = base + (b / 2) * block_stride + (b % 2) * 32;
+      if constexpr (Bits == 8) {
+        lo[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 2 * j * 64));
+        hi[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + (2 * j + 1) * 64));
+      } else {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + j * 64));
+        lo[b] = _mm256_and_si256(v, low);
+        hi[b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
     });
     unroll<MR>([&](auto r) {
       int32_t first, second;
       q4_quads(x, r, g, j, first, second);
       const __m256i a_lo = _mm256_set1_epi32(first), a_hi = _mm256_set1_epi32(second);
-      unroll<2 * NB>([&](auto b) {  // nibble x byte pairs stay within int16 (2 * 15 * 127)
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[b], a_lo), _mm256_maddubs_epi16(hi[b], a_hi));
-        sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_madd_epi16(pairs, ones));
+      unroll<2 * NB>([&](auto b) {
+        if constexpr (Bits == 8) {  // u = 16 h + l: each nibble's byte pairs stay within int16 (2 * 15 * 127)
+          const auto part = [&](__m256i u, __m256i a) {
+            const __m256i l = _mm256_maddubs_epi16(_mm256_and_si256(u, low), a);
+            const __m256i h = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u, 4), low), a);
+            return _mm256_add_epi32(_mm256_madd_epi16(l, ones), _mm256_madd_epi16(h, sixteen));
+          };
+          sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_add_epi32(part(lo[b], a_lo), part(hi[b], a_hi)));
+        } else {  // nibble x byte pairs stay within int16 (2 * 15 * 127)
+          const __m256i pairs =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo[b], a_lo), _mm256_maddubs_epi16(hi[b], a_hi));
+          sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_madd_epi16(pairs, ones));
+        }
       });
     });
   }
   unroll<2 * NB>([&](auto b) {
-    const uint8_t* scales = base + (b / 2) * block_stride + 256 + (b % 2) * 16;
+    const uint8_t* scales = base + (b / 2) * block_stride + kScalesAt<Bits> + (b % 2) * 16;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
     const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
-                           : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+                           : _mm256_mul_ps(d, _mm256_set1_ps(kImpliedM<Bits>));
     unroll<MR>([&](auto r) {
       const __m256 a = _mm256_set1_ps(x.scale[r * x.group_stride + g]);
       const __m256 psum = _mm256_set1_ps(x.sum[r * x.group_stride + g]);
@@ -184,13 +237,17 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
         int32_t qsum = 0;
         for (int j = 0; j < 4; ++j)
           for (int i = 0; i < 4; ++i) {
-            const uint8_t byte = block[j * 64 + c * 4 + i];
-            qsum += (byte & 0x0f) * p[8 * j + i] + (byte >> 4) * p[8 * j + 4 + i];
+            if constexpr (Bits == 8) {
+              qsum += block[2 * j * 64 + c * 4 + i] * p[8 * j + i] + block[(2 * j + 1) * 64 + c * 4 + i] * p[8 * j + 4 + i];
+            } else {
+              const uint8_t byte = block[j * 64 + c * 4 + i];
+              qsum += (byte & 0x0f) * p[8 * j + i] + (byte >> 4) * p[8 * j + 4 + i];
+            }
           }
         half dh, mh;
-        std::memcpy(&dh, block + 256 + 2 * c, 2);
+        std::memcpy(&dh, block + kScalesAt<Bits> + 2 * c, 2);
         if (has_m) std::memcpy(&mh, block + 288 + 2 * c, 2);
-        const float m = has_m ? from_half(mh) : -8.f * from_half(dh);
+        const float m = has_m ? from_half(mh) : kImpliedM<Bits> * from_half(dh);
         q4_finish_scalar(from_half(dh), m, qsum, a, psum, acc[(r * NB + b) * kBlockCols + c]);
       }
     }
@@ -198,8 +255,19 @@ inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, f
 #endif
 }
 
+template <int MR, int NB, int Bits>
+__attribute__((noinline)) void q4_tile_called(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, float* acc) {
+  q4_tile_inlined<MR, NB, Bits>(w, b0, g, x, acc);
+}
+
+template <int MR, int NB, int Bits = 4>
+inline void q4_tile(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x, float* acc) {
+  if constexpr (MR * NB <= 2) q4_tile_inlined<MR, NB, Bits>(w, b0, g, x, acc);
+  else q4_tile_called<MR, NB, Bits>(w, b0, g, x, acc);
+}
+
 // NB blocks from b0 for `rows` rows (<= kMaxTileRows): y[r * y_stride + c] for the tile's 16 * NB columns.
-template <int MR, int NB>
+template <int MR, int NB, int Bits = 4>
 inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride) {
   alignas(64) float acc[kMaxTileRows * NB * kBlockCols];
   std::fill(acc, acc + rows * NB * kBlockCols, 0.f);
@@ -217,18 +285,18 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
         for (int64_t off = 0; off < w.group_bytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
     }
     row_tiles<MR>(rows, [&](auto mr, int64_t r) {
-      q4_tile<decltype(mr)::value, NB>(w, b0, g, part(r), acc + r * NB * kBlockCols);
+      q4_tile<decltype(mr)::value, NB, Bits>(w, b0, g, part(r), acc + r * NB * kBlockCols);
     });
   }
   for (int64_t r = 0; r < rows; ++r)
     std::copy(acc + r * NB * kBlockCols, acc + (r + 1) * NB * kBlockCols, y + r * y_stride);
 }
 
-template <int MR, int NB>
+template <int MR, int NB, int Bits = 4>
 inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
                      int64_t b1, float* spill) {
   for_blocks<NB>(w.n, rows, y, y_stride, b0, b1, spill, [&](auto nb, int64_t b, float* out, int64_t stride) {
-    q4_blocks<MR, decltype(nb)::value>(w, b, x, rows, out, stride);
+    q4_blocks<MR, decltype(nb)::value, Bits>(w, b, x, rows, out, stride);
   });
 }
 
@@ -266,16 +334,23 @@ inline int64_t q4_tile_blocks() { return std::max(kQ4TileBlocks, kQ4OneRowBlocks
 
 // The columns of blocks [b0, b1) for rows [0, rows): y[r * y_stride + col] for col < n (a partial last block
 // goes through `spill`, 16 * kMaxTileRows floats).
-inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
-                    int64_t b1, float* spill, bool interleaved = false) {
-  if (rows == 1 && interleaved) return q4_range<1, kQ4OneRowBlocks>(w, x, 1, y, y_stride, b0, b1, spill);
-  if (rows <= kQ4StreamRows) return q4_range<kQ4StreamRows, 1>(w, x, rows, y, y_stride, b0, b1, spill);
+template <int Bits>
+inline void q4_gemm_bits(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
+                         int64_t b1, float* spill, bool interleaved) {
+  if (rows == 1 && interleaved) return q4_range<1, kQ4OneRowBlocks, Bits>(w, x, 1, y, y_stride, b0, b1, spill);
+  if (rows <= kQ4StreamRows) return q4_range<kQ4StreamRows, 1, Bits>(w, x, rows, y, y_stride, b0, b1, spill);
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {
     const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);
     const Q4Rows part{x.p + first * x.p_stride, x.scale + first * x.group_stride, x.sum + first * x.group_stride,
                       x.p_stride, x.group_stride};
-    q4_range<kQ4TileRows, kQ4TileBlocks>(w, part, n_rows, y + first * y_stride, y_stride, b0, b1, spill);
+    q4_range<kQ4TileRows, kQ4TileBlocks, Bits>(w, part, n_rows, y + first * y_stride, y_stride, b0, b1, spill);
   }
+}
+
+inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
+                    int64_t b1, float* spill, bool interleaved = false) {
+  if (w.bits() == 8) return q4_gemm_bits<8>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
+  q4_gemm_bits<4>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
 }
 
 }  // namespace paradecode

@@ -6,6 +6,7 @@
 // columns of unsigned nibbles. A packed group's nibble vector j holds, per column, inputs 8j..8j+3 in its low
 // nibbles and 8j+4..8j+7 in its high ones: the low half is quad 2j and the high half quad 2j + 1, so the B tile is
 // the four vectors' low and high nibbles interleaved (unpacked once per group and block, shared by every row).
+// 8-bit weights (Q8_0) are packed in that order already: their B tile is the group's first 512 bytes as they are.
 // Each step's 16 x 16 sums go to memory and through gemm_q4.h's three float steps per row (a conversion, m * psum,
 // two fused multiply-adds): the work a row still does per group, where the vector kernel also spends 8 vpdpbusd.
 //
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "gemm_amx.h"
 #include "gemm_q4.h"
@@ -96,7 +98,7 @@ inline void q4_amx_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_
   alignas(64) uint8_t nibbles[2][NB][kQ4Group / 4 * 64];
   alignas(64) int32_t sums[2][NB][kAmxRows * kBlockCols];
   const int64_t block_stride = w.groups * w.group_bytes;
-  const bool has_m = w.has_m();
+  const bool has_m = w.has_m(), eight = w.bits() == 8;
   for (int64_t g = 0; g < w.groups; g += 2) {
     const int pair = g + 1 < w.groups ? 2 : 1;
     __m512 d[2][NB], m[2][NB];
@@ -105,8 +107,13 @@ inline void q4_amx_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_
         const uint8_t* group = w.data + ((b0 + b) * w.groups + g + h) * w.group_bytes;
         for (int64_t off = 0; off < w.group_bytes; off += 64)  // the weights this thread reads next
           __builtin_prefetch(group + kQ4PrefetchGroups * w.group_bytes + off, 0, 2);
-        q4_amx_unpack(group, nibbles[h][b]);
-        q4_scales(group + 256, has_m, d[h][b], m[h][b]);
+        if (eight) {  // 8-bit weights are packed as the B tile holds them
+          std::memcpy(nibbles[h][b], group, sizeof(nibbles[h][b]));
+          q4_scales(group + kScalesAt<8>, false, kImpliedM<8>, d[h][b], m[h][b]);
+        } else {
+          q4_amx_unpack(group, nibbles[h][b]);
+          q4_scales(group + kScalesAt<4>, has_m, kImpliedM<4>, d[h][b], m[h][b]);
+        }
       });
     for (int64_t first = 0; first < rows; first += kAmxRows) {
       if (pair == 2) q4_amx_step<2, NB>(x, first, g, nibbles, sums);

@@ -107,7 +107,9 @@ struct Workspace {
 // One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
 // checkpoint's 4-bit blocks (gemm_q4.h) against activations quantized per group of 32.
 struct Projection {
-  at::Tensor q4;        // the packed 4-bit weight (gemm_q4.h), uint8; undefined for an int8 projection
+  at::Tensor q4;        // the packed 4- or 8-bit blocks (gemm_q4.h), uint8; undefined for an int8 projection
+  int q4_bits = 4;      // 4 (Q4_0 / Q4_1) or 8 (Q8_0)
+  bool q4_m = false;    // 4 bits: whether m is stored
   at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)
   at::Tensor scale;     // [N] float32 step / 127
   at::Tensor own;       // paradecode's packed weight (gemm.h), uint8
@@ -122,9 +124,7 @@ struct Projection {
   bool is_q4() const { return q4.defined(); }
   int64_t row_bytes() const { return is_q4() ? k : packed_quads(k) * 4; }
   PackedQ4 q4_weights() const {
-    const bool with_m = q4.numel() == q4_packed_bytes(n, k, true);
-    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols,
-            with_m ? kQ4GroupBytes : kQ4GroupBytesNoM};
+    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols, q4_group_bytes(q4_m, q4_bits)};
   }
   PackedInt8 own_weights() const {
     return {own.data_ptr<uint8_t>(), own_scale.data_ptr<float>(), n, k, packed_quads(k), own_scale.size(0) / kBlockCols};
@@ -457,16 +457,22 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
   return p;
 }
 
-// A 4-bit projection: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32).
-inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias) {
+// A projection on a checkpoint's blocks: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32)
+// of `bits` bits (4: with m or without, told apart by the size; 8: Q8_0).
+inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias,
+                                     int bits = 4) {
+  TORCH_CHECK(bits == 4 || bits == 8, "block weights have 4 or 8 bits, not ", bits);
+  const bool with_m = bits == 4 && packed.numel() == q4_packed_bytes(n, k, true);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && k % kQ4Group == 0 &&
-                  (packed.numel() == q4_packed_bytes(n, k, true) || packed.numel() == q4_packed_bytes(n, k, false)),
-              "a 4-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k, with_m) bytes, k a "
-              "multiple of 32");
+                  packed.numel() == q4_packed_bytes(n, k, with_m, bits),
+              "a ", bits, "-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k, with_m, bits) "
+              "bytes, k a multiple of 32");
   Projection p;
   p.n = n;
   p.k = k;
   p.q4 = packed;
+  p.q4_bits = bits;
+  p.q4_m = with_m;
   if (bias) p.bias = bias->to(at::kFloat).contiguous();
   return p;
 }

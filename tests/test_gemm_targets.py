@@ -93,9 +93,10 @@ def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
 
 # The block GEMM (gemm_q4.h) on each target against its formula, to the bit: per column and group of 32 inputs,
 # acc = mul_add(a, mul_add(d, float(sum q p), m * psum), acc) (lanes.h: fused where the target has FMA), groups in
-# order, with q the 4-bit nibbles (m stored, or
-# Q4_0's -8 d) or Q8_0's bytes plus 128 (m = -128 d). The 8-bit path on AVX2 splits each byte into nibbles (its
-# byte products would overflow 16 bits), which is what this test guards.
+# order, with q the 4-bit nibbles (m stored, or Q4_0's -8 d) or Q8_0's bytes plus 128 (m = -128 d); and Q6_K's
+# 6-bit q: per sub-block of 16, T = sc (sum q p - 32 sum p), inner = mul_add(a, T, inner), and per 256 inputs
+# acc = mul_add(d, inner, acc). The 8-bit path on AVX2 splits each byte into nibbles (its byte products would
+# overflow 16 bits), which is what this test guards, with the 6-bit high bits' placement.
 BLOCK_SOURCE = r"""
 #include "gemm_q4.h"
 #include <cmath>
@@ -105,29 +106,48 @@ using namespace paradecode;
 int main() {
   uint32_t state = 777;
   auto next = [&] { state = state * 1664525u + 1013904223u; return state >> 8; };
-  const int64_t shapes[][2] = {{40, 64}, {16, 32}, {200, 96}};
+  const int64_t shapes[][2] = {{40, 64}, {16, 32}, {200, 96}, {40, 256}, {24, 512}};
   const int64_t rows_list[] = {1, 2, 3, 4, 5, 8, 17};
-  const int formats[][2] = {{4, 1}, {4, 0}, {8, 0}};  // bits, m stored
+  const int formats[][2] = {{4, 1}, {4, 0}, {8, 0}, {6, 0}};  // bits, m stored
   int bad = 0, checked = 0;
   for (auto& f : formats)
     for (auto& s : shapes) {
       const int bits = f[0];
       const bool with_m = f[1];
       const int64_t n = s[0], k = s[1], groups = k / kQ4Group, blocks = (n + kBlockCols - 1) / kBlockCols;
+      if (bits == 6 ? k % 256 != 0 : k > 128) continue;
       const int64_t gb = q4_group_bytes(with_m, bits);
       std::vector<uint8_t> packed(q4_packed_bytes(n, k, with_m, bits), 0);
-      std::vector<int> q(blocks * kBlockCols * k);
+      std::vector<int> q(blocks * kBlockCols * k), sc(blocks * kBlockCols * k / 16);
       std::vector<float> d(blocks * kBlockCols * groups), m(d.size());
       for (int64_t b = 0; b < blocks; ++b)
         for (int64_t g = 0; g < groups; ++g) {
-          uint8_t* group = packed.data() + (b * groups + g) * gb;
+          uint8_t* group = packed.data() + b * groups * gb + (bits == 6 ? (g / 8) * 3360 + (g % 8) * 416 : g * gb);
           for (int64_t c = 0; c < kBlockCols; ++c) {
             const int64_t col = b * kBlockCols + c;
             for (int64_t i = 0; i < kQ4Group; ++i) {
-              const int v = static_cast<int>(next() % (bits == 8 ? 256 : 16));
+              const int v = static_cast<int>(next() % (bits == 8 ? 256 : bits == 6 ? 64 : 16));
               q[col * k + g * kQ4Group + i] = v;
-              if (bits == 8) group[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(v);
-              else group[(i / 8) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>(i % 8 < 4 ? v : v << 4);
+              if (bits == 8) {
+                group[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(v);
+              } else {
+                group[(i / 8) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>(i % 8 < 4 ? (v & 15) : (v & 15) << 4);
+                if (bits == 6)  // high bits: vector i / 16, field (i % 16) / 4 of byte i % 4
+                  group[256 + (i / 16) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>((v >> 4) << (2 * ((i % 16) / 4)));
+              }
+            }
+            if (bits == 6) {
+              for (int h = 0; h < 2; ++h) {
+                const int v = static_cast<int>(next() % 256) - 128;
+                sc[col * (k / 16) + 2 * g + h] = v;
+                group[384 + 16 * h + c] = static_cast<uint8_t>(static_cast<int8_t>(v));
+              }
+              if (g % 8 == 0) {
+                const half dh = to_half(1e-4f * static_cast<float>(1 + next() % 1000));
+                std::memcpy(packed.data() + b * groups * gb + (g / 8) * 3360 + 3328 + 2 * c, &dh, 2);
+                for (int64_t h = g; h < g + 8; ++h) d[col * groups + h] = from_half(dh);
+              }
+              continue;
             }
             const half dh = to_half(1e-3f * static_cast<float>(1 + next() % 1000));
             const half mh = to_half(-1e-2f * static_cast<float>(next() % 1000));
@@ -141,6 +161,7 @@ int main() {
       for (int64_t rows : rows_list) {
         std::vector<int8_t> p(rows * k);
         std::vector<float> scale(rows * groups), sum(rows * groups, 0.f);
+        std::vector<int32_t> halves(2 * rows * groups, 0);
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t g = 0; g < groups; ++g) {
             int total = 0;
@@ -148,11 +169,12 @@ int main() {
               const int v = static_cast<int>(next() % 255) - 127;
               p[r * k + g * kQ4Group + i] = static_cast<int8_t>(v);
               total += v;
+              halves[2 * (r * groups + g) + i / 16] += v;
             }
             sum[r * groups + g] = static_cast<float>(total);
             scale[r * groups + g] = 1e-2f * static_cast<float>(1 + next() % 100);
           }
-        const Q4Rows x{p.data(), scale.data(), sum.data(), k, groups};
+        const Q4Rows x{p.data(), scale.data(), sum.data(), k, groups, halves.data()};
         for (bool interleaved : {false, true}) {
           std::vector<float> y(rows * n, -1.0f);
           float spill[kMaxTileRows * kBlockCols];
@@ -161,8 +183,24 @@ int main() {
           q4_gemm(w, x, rows, y.data(), n, half_blocks, blocks, spill, interleaved);
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < n; ++c) {
-              float acc = 0.f;
+              float acc = 0.f, inner = 0.f;
               for (int64_t g = 0; g < groups; ++g) {
+                if (bits == 6) {
+                  for (int h = 0; h < 2; ++h) {
+                    int32_t qsum = 0, psum = 0;
+                    for (int64_t i = 16 * h; i < 16 * h + 16; ++i) {
+                      qsum += q[c * k + g * kQ4Group + i] * p[r * k + g * kQ4Group + i];
+                      psum += p[r * k + g * kQ4Group + i];
+                    }
+                    const int32_t t = sc[c * (k / 16) + 2 * g + h] * (qsum - 32 * psum);
+                    inner = mul_add(scale[r * groups + g], static_cast<float>(t), inner);
+                  }
+                  if (g % 8 == 7) {
+                    acc = mul_add(d[c * groups + g], inner, acc);
+                    inner = 0.f;
+                  }
+                  continue;
+                }
                 int32_t qsum = 0;
                 for (int64_t i = 0; i < kQ4Group; ++i) qsum += q[c * k + g * kQ4Group + i] * p[r * k + g * kQ4Group + i];
                 const float dd = d[c * groups + g], mm = m[c * groups + g];

@@ -78,6 +78,9 @@ extern "C" __attribute__((noinline, flatten)) void check_q4(const PackedQ4& w, c
 extern "C" __attribute__((noinline, flatten)) void check_q8(const PackedQ4& w, const Q4Rows& x, float* acc) {
   q4_tile_inlined<4, 4, 8>(w, 0, 1, x, acc);
 }
+extern "C" __attribute__((noinline, flatten)) void check_q6(const PackedQ4& w, const Q4Rows& x, float* acc) {
+  q4_tile_inlined<4, 4, 6>(w, 0, 1, x, acc);
+}
 extern "C" __attribute__((noinline, flatten)) void check_q4_stream(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y) {
   q4_blocks<kQ4StreamRows, 1>(w, 0, x, rows, y, 64);
 }
@@ -145,9 +148,9 @@ def test_the_int8_gemm_uses_the_targets_integer_dot_product(target):
         assert "imul" not in body, f"{march}: {name} multiplies scalars"
 
 
-@pytest.mark.parametrize("entry", ["check_q4", "check_q8"])
+@pytest.mark.parametrize("entry", ["check_q4", "check_q8", "check_q6"])
 def test_the_block_gemm_uses_the_targets_integer_dot_product_and_packed_float_steps(target, entry):
-    """The 4-bit tile and its 8-bit (Q8_0) form."""
+    """The 4-bit tile and its 8-bit (Q8_0) and 6-bit (Q6_K) forms."""
     march, assembly = target
     body = function(assembly, entry)
     instruction = Q4_TARGETS[march]

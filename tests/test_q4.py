@@ -32,8 +32,28 @@ SHAPES = {"small": dict(hidden_size=32, num_attention_heads=8, num_key_value_hea
 KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q8_0": GGMLQuantizationType.Q8_0}
 
 
+WIDE = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)  # Q6_K heads: 256
+
+
 def llama(seed: int, shape: str) -> transformers.LlamaForCausalLM:
-    return shaped_llama(seed, SHAPES[shape], VOCAB)
+    return shaped_llama(seed, WIDE if shape == "wide" else SHAPES[shape], VOCAB)
+
+
+def q6_k_blocks(weight: torch.Tensor) -> q4.Blocks:
+    """A float weight [n, k] (k a multiple of 256) as Q6_K blocks, quantized the simple way: per 16 weights an int8
+    scale of the largest |w|, per 256 a d that puts the largest scale at 127."""
+    n, k = weight.shape
+    w = weight.detach().double().reshape(n, k // 256, 16, 16)
+    amax = w.abs().amax(-1).clamp_min(1e-12)  # [n, supers, 16]
+    d = (amax.amax(-1) / (31 * 127)).half()  # [n, supers]
+    scales = (amax / (31 * d.double()[..., None])).round().clamp(1, 127)
+    q = (w / (d.double()[..., None, None] * scales[..., None])).round().clamp(-32, 31) + 32
+    return q4.Blocks(q.reshape(n, k).to(torch.uint8), d, torch.zeros(n, 0), bits=6,
+                     scales=scales.reshape(n, k // 16).to(torch.int8))
+
+
+def head_blocks(weight: torch.Tensor, kind: str) -> q4.Blocks:
+    return q6_k_blocks(weight) if kind == "Q6_K" else blocks_of(weight, kind)
 
 
 def blocks_of(weight: torch.Tensor, kind: str = "Q4_1") -> q4.Blocks:
@@ -61,7 +81,7 @@ def q4_backend(seed: int = 0, shape: str = "small", kind: str = "Q4_1", head: st
     config = LlamaBackend.from_hf(model)
     if head is not None:
         return Q4LlamaBackend(config.shape, model.state_dict(), layers=q4_layers(model, kind),
-                              head=blocks_of(model.lm_head.weight, head))
+                              head=head_blocks(model.lm_head.weight, head))
     int8 = Int8LlamaBackend.from_hf(model, calibration=CALIBRATION, native=False).export_state()
     return Q4LlamaBackend(config.shape, model.state_dict(), layers=q4_layers(model, kind), int8_state=int8)
 
@@ -79,6 +99,15 @@ def test_blocks_decode_as_gguf_dequantizes_them(kind):
     assert blocks.q.max() <= (15 if kind != "Q8_0" else 255) and blocks.q.max() > 8
     assert blocks.m_is_implied == (kind != "Q4_1")
     assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, KINDS[kind]))
+
+
+def test_q6_k_blocks_decode_as_gguf_dequantizes_them():
+    from paradecode import synthetic
+
+    raw = synthetic.random_rows(np.random.default_rng(0), "Q6_K", 40, 512)
+    blocks = q4.decode(raw, "Q6_K", 40, 512)
+    assert blocks.bits == 6 and blocks.q.max() <= 63 and blocks.q.max() > 32 and blocks.scales.shape == (40, 32)
+    assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, GGMLQuantizationType.Q6_K))
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -151,13 +180,14 @@ def test_every_q4_row_equals_its_one_token_pass_to_the_bit(shape, kind):
     assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
 
 
-@pytest.mark.parametrize("head", sorted(KINDS))
+@pytest.mark.parametrize("head", sorted([*KINDS, "Q6_K"]))
 def test_the_files_own_lm_head_computes_its_blocks_and_keeps_rows_exact(head):
-    """With the file's head blocks (SmolLM2's Q8_0 embedding) every weight of the forward is the checkpoint's:
-    the logits are the fully dequantized model's up to the activations' 8-bit rounding, the final norm is the
-    checkpoint's (no smoothing to undo on returned hidden states), rows stay exact and methods equal ar."""
-    model = llama(5, "deep")
-    backend = q4_backend(5, "deep", "Q4_1", head=head)
+    """With the file's head blocks (SmolLM2's Q8_0 embedding; the Q6_K of most Q4_0 and Q4_K_M files) every
+    weight of the forward is the checkpoint's: the logits are the fully dequantized model's up to the activations'
+    8-bit rounding, the final norm is the checkpoint's (no smoothing to undo on returned hidden states), rows stay
+    exact and methods equal ar."""
+    model = llama(5, "wide")
+    backend = q4_backend(5, "wide", "Q4_1", head=head)
     assert isinstance(backend._lm_head, q4.Q4Linear) and backend._lm_head.bits == q4.BITS[head]
     layers = q4_layers(model)
     with torch.no_grad():
@@ -170,7 +200,7 @@ def test_the_files_own_lm_head_computes_its_blocks_and_keeps_rows_exact(head):
             gate, up = blocks["gate_up"].dequantize().chunk(2)
             m.gate_proj.weight.copy_(gate), m.up_proj.weight.copy_(up)
             m.down_proj.weight.copy_(blocks["down"].dequantize())
-        model.lm_head.weight.copy_(blocks_of(model.lm_head.weight, head).dequantize())
+        model.lm_head.weight.copy_(head_blocks(model.lm_head.weight, head).dequantize())
     reference = LlamaBackend.from_hf(model)
     ids = tokens(40, seed=3)
     got = backend.forward(ids, return_hidden=True)
@@ -309,7 +339,7 @@ def test_a_gguf_file_without_block_layers_it_runs_is_a_clear_error(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ParadecodeError, match="Q4_0, Q4_1 and Q8_0 .* is Q5_0"):
+    with pytest.raises(ParadecodeError, match="Q4_0, Q4_1, Q8_0 and Q6_K .* is Q5_0"):
         q4.read_layers(path, 1, 2, 1)
 
 

@@ -164,8 +164,8 @@ def int8_linear(weight: torch.Tensor, precise: bool):
 
 def load(path: Path, spec: Mapping[str, Any], dtype: str, max_length: int, kernel_cache: Path | None = None):
     """Our native backend on a ``write_gguf`` file: its Q4_0 blocks as stored (``q4``) or the same weights as
-    per-channel int8 (``int8``); the embedding, and the LM head from the file's output matrix: its Q8_0 blocks as
-    stored on ``q4`` (as the real path runs them), else int8."""
+    per-channel int8 (``int8``); the embedding, and the LM head from the file's output matrix: its Q8_0 or Q6_K
+    blocks as stored on ``q4`` (as the real path runs them), else int8."""
     from gguf import GGUFReader
 
     from paradecode.backends import q4

@@ -1,12 +1,14 @@
-"""Block projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 / Q8_0 weight blocks, run as stored.
+"""Block projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 / Q8_0 / Q6_K weight blocks, run
+as stored.
 
 The int8 dtype dequantizes a 4-bit checkpoint and quantizes it again per output channel, which adds error and
 reads ~1.4x the bytes per token. ``q4`` keeps the checkpoint's blocks (32 weights of one output column as
 ``w = d q + m``, ``q`` in 0..15; Q4_0 is ``m = -8 d``) and multiplies them against activations quantized per
 group of the same 32 inputs (``backends/native/gemm_q4.h``: exact integer sums per group, then a fixed order of
 float steps, so every row stays exact whatever else is in the pass). Q8_0 blocks (``w = d q``, ``q`` in -127..127)
-run in the same kernel as 8-bit ``q + 128`` with ``m = -128 d``. The LM head is the file's too where its type is
-one of these (the embedding, Q8_0 in the shipped SmolLM2 file); otherwise the int8 backend's.
+run in the same kernel as 8-bit ``q + 128`` with ``m = -128 d``, and Q6_K blocks (``w = d sc (q - 32)`` per 16 of
+256) keep their 6 bits there. The LM head is the file's too where its type is one of these (the embedding, Q8_0 in
+the shipped SmolLM2 file; Q6_K in most Q4_0 and Q4_K_M files); otherwise the int8 backend's.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from paradecode.errors import ParadecodeError
 
 GROUP = 32  # weights per block of the checkpoint, and inputs per activation scale
 BLOCK_COLS = 16
-BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # bytes per 32 weights: d (fp16) [, m (fp16)], the quants
-BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q6_K": 210}  # bytes per block (32 weights; Q6_K 256)
+BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6}
+SUPER = 256  # weights per Q6_K block (a d for 16 sub-blocks of 16, each with an int8 scale)
 IMPLIED_M = {4: -8, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q8_0)
 FORMAT = 2  # bump when the packed layout changes meaning
 
@@ -32,31 +35,37 @@ FORMAT = 2  # bump when the packed layout changes meaning
 @dataclass
 class Blocks:
     """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, or 0..255 for 8 bits: Q8_0's q + 128),
-    d and m [n, k / 32] (float16; m float32 for 8 bits, where it is -128 d)."""
+    d and m [n, k / 32] (float16; m float32 for 8 bits, where it is -128 d). 6 bits (Q6_K): q in 0..63 (w =
+    d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty)."""
 
     q: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor
     bits: int = 4
+    scales: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.q.shape[0], self.q.shape[1]
 
     def dequantize(self) -> torch.Tensor:
-        """[n, k] float32: d q + m per block, as gguf computes it."""
+        """[n, k] float32: d q + m per block (Q6_K: d scale (q - 32)), as gguf computes it."""
         n, k = self.shape
+        if self.bits == 6:
+            step = (self.d.float()[..., None] * self.scales.float().reshape(n, k // SUPER, 16)).reshape(n, k // 16)
+            return (step[..., None] * (self.q.float() - 32).reshape(n, k // 16, 16)).reshape(n, k)
         q = self.q.float().reshape(n, k // GROUP, GROUP)
         return (self.d.float()[..., None] * q + self.m.float()[..., None]).reshape(n, k)
 
     @property
     def m_is_implied(self) -> bool:
-        """Whether every m is the multiple of d the kernel computes (Q4_0's -8 d, Q8_0's -128 d), so m need not
-        be stored."""
-        return torch.equal(self.m.float(), self.d.float() * IMPLIED_M[self.bits])
+        """Whether every m is the multiple of d the kernel computes (Q4_0's -8 d, Q8_0's -128 d; Q6_K has none),
+        so m need not be stored."""
+        return self.bits == 6 or torch.equal(self.m.float(), self.d.float() * IMPLIED_M[self.bits])
 
     def rows(self, index: torch.Tensor) -> Blocks:
-        return Blocks(self.q[index], self.d[index], self.m[index], self.bits)
+        scales = self.scales[index] if self.scales is not None else None
+        return Blocks(self.q[index], self.d[index], self.m[index], self.bits, scales)
 
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
@@ -65,13 +74,16 @@ class Blocks:
         if len(bits) > 1:
             raise ParadecodeError("the GGUF file mixes 4- and 8-bit blocks within one fused projection (q, k, v or "
                                   "gate, up): use --dtype int8.")
+        scales = torch.cat([p.scales for p in parts]) if parts[0].scales is not None else None
         return Blocks(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
-                      torch.cat([p.m.float() for p in parts]).to(parts[0].m.dtype), bits.pop())
+                      torch.cat([p.m.float() for p in parts]).to(parts[0].m.dtype), bits.pop(), scales)
 
 
 def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
     """A GGUF tensor's bytes ([n, k / 32 * block bytes] uint8) of type ``kind`` -> its blocks."""
     size = BLOCK_LAYOUTS[kind]
+    if kind == "Q6_K":
+        return _decode_q6_k(np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, size), n, k)
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GROUP, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
     if kind == "Q8_0":  # q as the kernel reads it, unsigned: q + 128; m = -128 d (as a float: it may overflow halves)
@@ -86,12 +98,56 @@ def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
     return Blocks(torch.from_numpy(q.copy()), torch.from_numpy(d.copy()), torch.from_numpy(m.copy()))
 
 
+def _decode_q6_k(blocks: np.ndarray, n: int, k: int) -> Blocks:
+    """Q6_K blocks [n, k / 256, 210]: the low 4 bits of the 256 q in 128 bytes (byte b of half h: weight 128 h + b
+    in its low nibble, 128 h + 64 + b in its high one), their 2 high bits in 64 bytes (byte b of half h, bits 2 t:
+    weight 128 h + 32 t + b), 16 int8 scales, d."""
+    low, high = blocks[..., :128].reshape(n, -1, 2, 1, 64), blocks[..., 128:192].reshape(n, -1, 2, 1, 32)
+    low = (low >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F  # [n, blocks, half, 2, 64]
+    high = (high >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03  # [n, blocks, half, 4, 32]
+    q = low.reshape(n, k) | (high.reshape(n, k) << 4)
+    scales = blocks[..., 192:208].copy().view(np.int8).reshape(n, k // 16)
+    d = blocks[..., 208:210].copy().view(np.float16)[..., 0]
+    return Blocks(torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d.copy()), torch.zeros(n, 0),
+                  bits=6, scales=torch.from_numpy(scales.copy()))
+
+
+def _pack_q6(blocks: Blocks) -> torch.Tensor:
+    """gemm_q4.h's 6-bit layout: per 16 columns, per 256 inputs, 8 groups of 416 bytes (the low nibbles as the 4-bit
+    layout's 256 bytes; the 2 high bits in two 64-byte vectors, [column][byte i] of vector t holding inputs 16 t + i,
+    16 t + 4 + i, 16 t + 8 + i, 16 t + 12 + i from its low bits up; the two sub-blocks' 16 int8 scales each), then
+    the 16 columns' d (half floats)."""
+    n, k = blocks.shape
+    columns = -(-n // BLOCK_COLS) * BLOCK_COLS
+    b, groups, supers = columns // BLOCK_COLS, k // GROUP, k // SUPER
+    q = torch.zeros(columns, k, dtype=torch.uint8)
+    q[:n] = blocks.q
+    scales = torch.zeros(columns, k // 16, dtype=torch.int8)
+    scales[:n] = blocks.scales
+    d = torch.zeros(columns, supers, dtype=torch.float16)
+    d[:n] = blocks.d
+    q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high half of the 8, i]
+    low = q & 0x0F
+    nibbles = (low[..., 0, :] | (low[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
+    top = (q >> 4).reshape(b, BLOCK_COLS, groups, 2, 4, 4)  # [block, column, group, t, (j parity, half), i]
+    fields = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)
+    high = fields.permute(0, 2, 3, 1, 4).reshape(b, groups, 128)  # [block, group, t, column, i]
+    sub = scales.reshape(b, BLOCK_COLS, groups, 2).permute(0, 2, 3, 1).reshape(b, groups, 32).view(torch.uint8)
+    packed = torch.cat([nibbles, high, sub], dim=2).reshape(b, supers, 8 * 416)
+    dq = d.reshape(b, BLOCK_COLS, supers).permute(0, 2, 1).contiguous().view(torch.uint8)  # [block, super, 32]
+    return torch.cat([packed, dq], dim=2).reshape(-1).contiguous()
+
+
 def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     """The native kernel's layout (gemm_q4.h): per 16 columns and 32 inputs, 256 bytes of nibbles (vector j,
     column c, byte i: input 8j+i low, 8j+4+i high) or, for 8 bits, 512 bytes (vector v, column c, byte i: input
     4v+i), then the 16 columns' d and, unless every m is the implied one (Q4_0's -8 d, Q8_0's -128 d: the kernel
     computes it, to the same bits), m as half floats. ``with_m`` forces m in or out (out only where every m is
-    implied; 8-bit blocks never store m)."""
+    implied; 8-bit blocks never store m). 6-bit blocks: ``_pack_q6``."""
+    if blocks.bits == 6:
+        if with_m:
+            raise ValueError("6-bit blocks store no m")
+        return _pack_q6(blocks)
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
     groups = k // GROUP
@@ -148,7 +204,7 @@ class Q4Linear:
 
     def parts(self) -> tuple:
         """What the native forward takes of a block projection."""
-        return "q8" if self.bits == 8 else "q4", self.packed, self.n, self.k, self.bias
+        return {4: "q4", 6: "q6", 8: "q8"}[self.bits], self.packed, self.n, self.k, self.bias
 
 
 def gguf_source(model_dir: Path) -> Path:
@@ -220,8 +276,7 @@ def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
 
 def read_head(reader) -> Blocks | None:
     """The LM head's blocks from a GGUF reader: ``output.weight``, or the embedding where the head is tied to it;
-    None where its type is not one the kernel runs (Q6_K, the usual head of a Q4_0 or Q4_K_M file: the int8
-    backend's head then)."""
+    None where its type is not one the kernel runs (an F16 or Q4_K head: the int8 backend's head then)."""
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     tensor = tensors.get("output.weight", tensors.get("token_embd.weight"))
     if tensor is None or tensor.tensor_type.name not in BLOCK_LAYOUTS:
@@ -258,7 +313,7 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
         kind = tensor.tensor_type.name
         if kind not in BLOCK_LAYOUTS:
             raise ParadecodeError(
-                f"dtype q4 runs Q4_0, Q4_1 and Q8_0 weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
+                f"dtype q4 runs Q4_0, Q4_1, Q8_0 and Q6_K weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
             )
         k, n = (int(x) for x in tensor.shape[:2])
         return decode(tensor.data, kind, n, k)

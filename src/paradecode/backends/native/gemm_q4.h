@@ -26,6 +26,16 @@
 // u of input 4 v + i; then the 16 columns' d. Vector 2 j and 2 j + 1 meet the activations the nibbles of 4-bit
 // vector j meet (inputs 8 j .. 8 j + 3 and 8 j + 4 .. 8 j + 7), so the tiles below differ in how they get those
 // bytes only.
+//
+// Q6_K blocks (256 weights of a column: w = d * sc_s * (q - 32), q in 0..63, an int8 scale sc_s per 16 weights and
+// one half-float d per 256) keep their 6 bits: per 16 columns and 32 inputs, 416 bytes: the low 4 bits of q as the
+// 4-bit layout's 256 bytes, then 128 bytes of high bits (two 64-byte vectors, [16 columns][4 bytes]: byte i of
+// column c of vector t holds the 2 high bits of inputs 16 t + i, 16 t + 4 + i, 16 t + 8 + i and 16 t + 12 + i, from
+// its low bits up, the high bits of the nibbles vectors 2 t and 2 t + 1 meet), then the two sub-blocks' scales
+// (16 int8 for inputs 0-15, 16 for 16-31); after every 8 groups the 16 columns' d (32 bytes): 3,360 bytes per 16
+// columns and 256 inputs, the file's 0.82 bytes per weight. Per sub-block s the exact integer
+// T = sc_s * (sum q p - 32 sum p) (the activations' sums over 16 inputs come with them: Q4Rows::half_sum), then
+// per row, in order: inner = fma(a_g, T_s, inner) per sub-block, and per 256 inputs acc = fma(d, inner, acc).
 #pragma once
 
 #include <algorithm>
@@ -41,6 +51,9 @@ constexpr int64_t kQ4Group = 32;        // inputs per block of the checkpoint (a
 constexpr int64_t kQ4GroupBytes = 320;  // packed bytes per 16 columns x 32 inputs with m (Q4_1)
 constexpr int64_t kQ4GroupBytesNoM = 288;  // without m (Q4_0: m = -8 d)
 constexpr int64_t kQ8GroupBytes = 544;     // 8-bit weights (Q8_0: m = -128 d, not stored)
+constexpr int64_t kQ6GroupBytes = 416;     // 6-bit weights (Q6_K) per group, and per 8 groups their d:
+constexpr int64_t kQ6SuperBytes = 8 * kQ6GroupBytes + 32;  // 3,360 bytes per 256 inputs,
+constexpr int64_t kQ6MeanGroupBytes = kQ6SuperBytes / 8;   // 420 on average per group (PackedQ4::group_bytes)
 constexpr int64_t kQ4PrefetchGroups = 12;  // ask for the weights this far ahead (~4 KiB per block)
 
 struct PackedQ4 {
@@ -49,12 +62,19 @@ struct PackedQ4 {
   int64_t group_bytes = kQ4GroupBytes;  // kQ4GroupBytes, kQ4GroupBytesNoM where m = -8 d is not stored, or
                                        // kQ8GroupBytes for 8-bit weights
   bool has_m() const { return group_bytes == kQ4GroupBytes; }
-  int bits() const { return group_bytes == kQ8GroupBytes ? 8 : 4; }
+  int bits() const { return group_bytes == kQ8GroupBytes ? 8 : group_bytes == kQ6MeanGroupBytes ? 6 : 4; }
 };
 
-// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 8: never m).
+// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 8: never m; 6: on average).
 constexpr int64_t q4_group_bytes(bool with_m, int bits = 4) {
-  return bits == 8 ? kQ8GroupBytes : with_m ? kQ4GroupBytes : kQ4GroupBytesNoM;
+  return bits == 8 ? kQ8GroupBytes : bits == 6 ? kQ6MeanGroupBytes : with_m ? kQ4GroupBytes : kQ4GroupBytesNoM;
+}
+
+// Where group g of a column block starts within it.
+template <int Bits>
+inline int64_t q_group_offset(int64_t g, int64_t group_bytes) {
+  if constexpr (Bits == 6) return (g >> 3) * kQ6SuperBytes + (g & 7) * kQ6GroupBytes;
+  return g * group_bytes;
 }
 
 inline int64_t q4_packed_bytes(int64_t n, int64_t k, bool with_m = true, int bits = 4) {
@@ -74,6 +94,12 @@ struct Q4Rows {
   const float* scale;
   const float* sum;
   int64_t p_stride, group_stride;  // bytes between rows of p; entries between rows of scale / sum
+  const int32_t* half_sum = nullptr;  // 6-bit weights only: per group the sums of p over inputs 0-15 and 16-31
+                                      // (2 * group_stride entries between rows)
+  Q4Rows from(int64_t r) const {  // the rows from row r on
+    return {p + r * p_stride, scale + r * group_stride, sum + r * group_stride, p_stride, group_stride,
+            half_sum ? half_sum + 2 * r * group_stride : nullptr};
+  }
 };
 
 // The activations that meet nibble vector j of group g: inputs 8j..8j+3 (low nibbles) and 8j+4..8j+7 (high).
@@ -88,7 +114,7 @@ inline void q4_quads(const Q4Rows& x, int64_t r, int64_t g, int j, int32_t& low,
 // `scale` and `sum`: the same operations on the same values, so the same bits. With AVX-512 the group is two
 // registers and each reduction one instruction sequence, where the row functions' per-call lane loops cost more
 // than the group's arithmetic.
-inline void q4_quantize_group(const float* x, int8_t* p, float& scale, float& sum) {
+inline void q4_quantize_group(const float* x, int8_t* p, float& scale, float& sum, int32_t* halves = nullptr) {
 #if defined(__AVX512F__)
   const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
   const float amax = max_of(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))), 1e-12f);
@@ -99,10 +125,18 @@ inline void q4_quantize_group(const float* x, int8_t* p, float& scale, float& su
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16), _mm512_cvtepi32_epi8(q1));
   sum = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
   scale = amax / 127.f;
+  if (halves) {
+    halves[0] = _mm512_reduce_add_epi32(q0);
+    halves[1] = _mm512_reduce_add_epi32(q1);
+  }
 #else
   float qf[kQ4Group];
   scale = quantize_row(x, qf, kQ4Group) / 127.f;
   sum = static_cast<float>(to_int8(qf, p, kQ4Group));
+  if (halves) {
+    halves[0] = halves[1] = 0;
+    for (int i = 0; i < kQ4Group; ++i) halves[i / 16] += p[i];
+  }
 #endif
 }
 
@@ -128,8 +162,9 @@ __attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i
 }
 #endif
 
-// MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms.
-// Bits: 4 (the nibbles of Q4_0 / Q4_1) or 8 (Q8_0's bytes plus 128). Always inlined into the one- and two-row
+// MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms
+// (6 bits: the sub-blocks' a_g * T_s, which q4_blocks multiplies by d per 256 inputs).
+// Bits: 4 (the nibbles of Q4_0 / Q4_1), 8 (Q8_0's bytes plus 128) or 6 (Q6_K's q). Always inlined into the one- and two-row
 // stream (q4_blocks): GCC 12 left it a call per group there. AMD EPYC Zen 4, 2 threads, the two forms alternating
 // in one program (two runs, medians of 31-301 ratios): with the call one row of 4-bit blocks took 1.18-1.28x the
 // time on 21 MB of weights (held in the L3 cache) and 0.98-1.15x on 113 MB (read from memory), two rows
@@ -138,10 +173,16 @@ __attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i
 template <int MR, int NB, int Bits = 4>
 __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x,
                                                            float* acc) {
-  static_assert(Bits == 4 || Bits == 8, "4- or 8-bit weights");
+  static_assert(Bits == 4 || Bits == 8 || Bits == 6, "4-, 6- or 8-bit weights");
   const int64_t block_stride = w.groups * w.group_bytes;
-  const uint8_t* base = w.data + (b0 * w.groups + g) * w.group_bytes;
+  const uint8_t* base = w.data + b0 * block_stride + q_group_offset<Bits>(g, w.group_bytes);
   const bool has_m = Bits == 4 && w.has_m();
+  // 6 bits: sub-block s's scales and each row's a and activation sum over the sub-block's 16 inputs
+  auto q6_scale_at = [&](int64_t b, int s) { return base + b * block_stride + 384 + 16 * s; };
+  auto q6_row = [&](int64_t r, int s, float& a, int32_t& offset) {
+    a = x.scale[r * x.group_stride + g];
+    offset = 32 * x.half_sum[2 * (r * x.group_stride + g) + s];
+  };
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   __m512i sums[MR][NB];
   unroll<MR>([&](auto r) { unroll<NB>([&](auto b) { sums[r][b] = _mm512_setzero_si512(); }); });
@@ -156,6 +197,14 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
         const __m512i v = _mm512_loadu_si512(base + b * block_stride + j * 64);
         lo[b] = _mm512_and_si512(v, low);
         hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if constexpr (Bits == 6) {  // the 2 high bits, moved to bits 4-5 of each byte
+          const __m512i h = _mm512_loadu_si512(base + b * block_stride + 256 + (j >> 1) * 64);
+          const __m512i top = _mm512_set1_epi8(0x30);
+          const __m512i h_lo = (j & 1) ? h : _mm512_slli_epi16(h, 4);
+          const __m512i h_hi = (j & 1) ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
+          lo[b] = _mm512_or_si512(lo[b], _mm512_and_si512(h_lo, top));
+          hi[b] = _mm512_or_si512(hi[b], _mm512_and_si512(h_hi, top));
+        }
       }
     });
     unroll<MR>([&](auto r) {
@@ -167,8 +216,24 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
         sums[r][b] = _mm512_dpbusd_epi32(sums[r][b], hi[b], a_hi);
       });
     });
+    if constexpr (Bits == 6) {
+      if (j & 1) {  // a sub-block's 16 inputs are summed: acc += a * sc * (sum q p - 32 sum p)
+        unroll<NB>([&](auto b) {
+          const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q6_scale_at(b, j >> 1))));
+          unroll<MR>([&](auto r) {
+            float a;
+            int32_t offset;
+            q6_row(r, j >> 1, a, offset);
+            const __m512i t = _mm512_mullo_epi32(sc, _mm512_sub_epi32(sums[r][b], _mm512_set1_epi32(offset)));
+            float* out = acc + (r * NB + b) * kBlockCols;
+            _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_set1_ps(a), _mm512_cvtepi32_ps(t), _mm512_loadu_ps(out)));
+            sums[r][b] = _mm512_setzero_si512();
+          });
+        });
+      }
+    }
   }
-  unroll<NB>([&](auto b) {
+  if constexpr (Bits != 6) unroll<NB>([&](auto b) {
     __m512 d, m;
     q4_scales(base + b * block_stride + kScalesAt<Bits>, has_m, kImpliedM<Bits>, d, m);
     unroll<MR>([&](auto r) {
@@ -191,6 +256,14 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + j * 64));
         lo[b] = _mm256_and_si256(v, low);
         hi[b] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (Bits == 6) {  // the 2 high bits, moved to bits 4-5 of each byte
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 256 + (j >> 1) * 64));
+          const __m256i top = _mm256_set1_epi8(0x30);
+          const __m256i h_lo = (j & 1) ? h : _mm256_slli_epi16(h, 4);
+          const __m256i h_hi = (j & 1) ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
+          lo[b] = _mm256_or_si256(lo[b], _mm256_and_si256(h_lo, top));
+          hi[b] = _mm256_or_si256(hi[b], _mm256_and_si256(h_hi, top));
+        }
       }
     });
     unroll<MR>([&](auto r) {
@@ -205,15 +278,32 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
             return _mm256_add_epi32(_mm256_madd_epi16(l, ones), _mm256_madd_epi16(h, sixteen));
           };
           sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_add_epi32(part(lo[b], a_lo), part(hi[b], a_hi)));
-        } else {  // nibble x byte pairs stay within int16 (2 * 15 * 127)
+        } else {  // the four products of a lane stay within int16: 4 * 15 * 127, or 4 * 63 * 127 (6 bits)
           const __m256i pairs =
               _mm256_add_epi16(_mm256_maddubs_epi16(lo[b], a_lo), _mm256_maddubs_epi16(hi[b], a_hi));
           sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_madd_epi16(pairs, ones));
         }
       });
     });
+    if constexpr (Bits == 6) {
+      if (j & 1) {  // a sub-block's 16 inputs are summed: acc += a * sc * (sum q p - 32 sum p)
+        unroll<2 * NB>([&](auto b) {
+          const __m256i sc = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q6_scale_at(b / 2, j >> 1) + (b % 2) * 8)));
+          unroll<MR>([&](auto r) {
+            float a;
+            int32_t offset;
+            q6_row(r, j >> 1, a, offset);
+            const __m256i t = _mm256_mullo_epi32(sc, _mm256_sub_epi32(sums[r][b], _mm256_set1_epi32(offset)));
+            float* out = acc + (r * NB) * kBlockCols + b * 8;
+            _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_set1_ps(a), _mm256_cvtepi32_ps(t), _mm256_loadu_ps(out)));
+            sums[r][b] = _mm256_setzero_si256();
+          });
+        });
+      }
+    }
   }
-  unroll<2 * NB>([&](auto b) {
+  if constexpr (Bits != 6) unroll<2 * NB>([&](auto b) {
     const uint8_t* scales = base + (b / 2) * block_stride + kScalesAt<Bits> + (b % 2) * 16;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
     const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
@@ -233,6 +323,26 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
     const float psum = x.sum[r * x.group_stride + g];
     for (int64_t b = 0; b < NB; ++b) {
       const uint8_t* block = base + b * block_stride;
+      if constexpr (Bits == 6) {
+        for (int64_t c = 0; c < kBlockCols; ++c)
+          for (int s = 0; s < 2; ++s) {  // sub-block s: inputs 16 s .. 16 s + 15, vectors j = 2 s and 2 s + 1
+            int32_t qsum = 0;
+            for (int j = 2 * s; j < 2 * s + 2; ++j)
+              for (int i = 0; i < 4; ++i) {
+                const uint8_t byte = block[j * 64 + c * 4 + i], h = block[256 + s * 64 + c * 4 + i];
+                const int shift = (j & 1) ? 4 : 0;  // bits 0-3 of h for vector 2 s, 4-7 for 2 s + 1
+                qsum += ((byte & 0x0f) | (((h >> shift) & 3) << 4)) * p[8 * j + i] +
+                        ((byte >> 4) | (((h >> (shift + 2)) & 3) << 4)) * p[8 * j + 4 + i];
+              }
+            float a6;
+            int32_t offset;
+            q6_row(r, s, a6, offset);
+            const int32_t t = static_cast<int8_t>(block[384 + 16 * s + c]) * (qsum - offset);
+            float& out = acc[(r * NB + b) * kBlockCols + c];
+            out = mul_add(a6, static_cast<float>(t), out);
+          }
+        continue;
+      }
       for (int64_t c = 0; c < kBlockCols; ++c) {
         int32_t qsum = 0;
         for (int j = 0; j < 4; ++j)
@@ -271,11 +381,11 @@ template <int MR, int NB, int Bits = 4>
 inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride) {
   alignas(64) float acc[kMaxTileRows * NB * kBlockCols];
   std::fill(acc, acc + rows * NB * kBlockCols, 0.f);
+  // 6 bits: the tiles sum a_g * T_s into `inner`, which each 256 inputs' d multiplies into acc
+  alignas(64) float inner[Bits == 6 ? kMaxTileRows * NB * kBlockCols : 1];
+  if constexpr (Bits == 6) std::fill(inner, inner + rows * NB * kBlockCols, 0.f);
+  float* sums = Bits == 6 ? inner : acc;
   const int64_t block_stride = w.groups * w.group_bytes;
-  auto part = [&](int64_t r) {
-    return Q4Rows{x.p + r * x.p_stride, x.scale + r * x.group_stride, x.sum + r * x.group_stride, x.p_stride,
-                  x.group_stride};
-  };
   // One block at a time is one sequential stream: ask as far ahead as four blocks' worth of requests reach.
   constexpr int64_t ahead_groups = kQ4PrefetchGroups * (NB == 1 ? 4 : 1);
   for (int64_t g = 0; g < w.groups; ++g) {
@@ -285,8 +395,27 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
         for (int64_t off = 0; off < w.group_bytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
     }
     row_tiles<MR>(rows, [&](auto mr, int64_t r) {
-      q4_tile<decltype(mr)::value, NB, Bits>(w, b0, g, part(r), acc + r * NB * kBlockCols);
+      q4_tile<decltype(mr)::value, NB, Bits>(w, b0, g, x.from(r), sums + r * NB * kBlockCols);
     });
+    if constexpr (Bits == 6) {
+      if ((g & 7) == 7) {  // acc += d * inner per column, rows in order; inner starts again
+        for (int b = 0; b < NB; ++b) {
+          const uint8_t* d = w.data + (b0 + b) * block_stride + (g >> 3) * kQ6SuperBytes + 8 * kQ6GroupBytes;
+          float dc[kBlockCols];
+          for (int c = 0; c < kBlockCols; ++c) {
+            half h;
+            std::memcpy(&h, d + 2 * c, 2);
+            dc[c] = from_half(h);
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            float* a = acc + (r * NB + b) * kBlockCols;
+            float* in = inner + (r * NB + b) * kBlockCols;
+            each(kBlockCols, [&](int64_t c, auto z) { st(a + c, mul_add(ld(dc + c, z), ld(in + c, z), ld(a + c, z))); });
+            std::fill(in, in + kBlockCols, 0.f);
+          }
+        }
+      }
+    }
   }
   for (int64_t r = 0; r < rows; ++r)
     std::copy(acc + r * NB * kBlockCols, acc + (r + 1) * NB * kBlockCols, y + r * y_stride);
@@ -341,15 +470,15 @@ inline void q4_gemm_bits(const PackedQ4& w, const Q4Rows& x, int64_t rows, float
   if (rows <= kQ4StreamRows) return q4_range<kQ4StreamRows, 1, Bits>(w, x, rows, y, y_stride, b0, b1, spill);
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {
     const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);
-    const Q4Rows part{x.p + first * x.p_stride, x.scale + first * x.group_stride, x.sum + first * x.group_stride,
-                      x.p_stride, x.group_stride};
-    q4_range<kQ4TileRows, kQ4TileBlocks, Bits>(w, part, n_rows, y + first * y_stride, y_stride, b0, b1, spill);
+    q4_range<kQ4TileRows, kQ4TileBlocks, Bits>(w, x.from(first), n_rows, y + first * y_stride, y_stride, b0, b1,
+                                               spill);
   }
 }
 
 inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
                     int64_t b1, float* spill, bool interleaved = false) {
   if (w.bits() == 8) return q4_gemm_bits<8>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
+  if (w.bits() == 6) return q4_gemm_bits<6>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
   q4_gemm_bits<4>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
 }
 

@@ -144,8 +144,7 @@ inline void q4_amx_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float*
   q4_amx_configure();
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {
     const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);
-    const Q4Rows part{x.p + first * x.p_stride, x.scale + first * x.group_stride, x.sum + first * x.group_stride,
-                      x.p_stride, x.group_stride};
+    const Q4Rows part = x.from(first);
     for_blocks<kQ4AmxBlocks>(w.n, n_rows, y + first * y_stride, y_stride, b0, b1, spill,
                              [&](auto nb, int64_t b, float* out, int64_t stride) {
                                q4_amx_blocks<decltype(nb)::value>(w, b, part, n_rows, out, stride);

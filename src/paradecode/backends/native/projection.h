@@ -102,13 +102,14 @@ struct Workspace {
   std::vector<float> residual;   // [K] precise rows: what int8 missed
   std::vector<float> group_scale;  // [rows, K / 32] 4-bit projections: each group's activation scale
   std::vector<float> group_sum;    // [rows, K / 32] and each group's sum of quantized activations (exact)
+  std::vector<int32_t> group_half;  // [rows, K / 32, 2] 6-bit projections: the sums over each half of a group
 };
 
 // One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
 // checkpoint's 4-bit blocks (gemm_q4.h) against activations quantized per group of 32.
 struct Projection {
   at::Tensor q4;        // the packed 4- or 8-bit blocks (gemm_q4.h), uint8; undefined for an int8 projection
-  int q4_bits = 4;      // 4 (Q4_0 / Q4_1) or 8 (Q8_0)
+  int q4_bits = 4;      // 4 (Q4_0 / Q4_1), 6 (Q6_K) or 8 (Q8_0)
   bool q4_m = false;    // 4 bits: whether m is stored
   at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)
   at::Tensor scale;     // [N] float32 step / 127
@@ -138,11 +139,14 @@ struct Projection {
       ws.amax.assign(t, 1.f);
       ws.group_scale.resize(t * groups);
       ws.group_sum.resize(t * groups);
+      const bool halves = q4_bits == 6;
+      if (halves) ws.group_half.resize(2 * t * groups);
       at::parallel_for(0, t, kRowGrain, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t g = 0; g < groups; ++g) {  // each group of 32 inputs as the int8 rows are: p, a = amax / 127
             const int64_t at = r * k + g * kQ4Group, group = r * groups + g;
-            q4_quantize_group(x + at, ws.q.data() + at, ws.group_scale[group], ws.group_sum[group]);
+            q4_quantize_group(x + at, ws.q.data() + at, ws.group_scale[group], ws.group_sum[group],
+                              halves ? ws.group_half.data() + 2 * group : nullptr);
           }
       });
       return t;
@@ -180,12 +184,13 @@ struct Projection {
   void multiply(Kernel kernel, int64_t rows, Workspace& ws, float* into = nullptr) const {
     TORCH_CHECK(into == nullptr || is_q4(), "only a 4-bit projection writes its output in place");
     if (into == nullptr) ws.y.resize(rows * n);
-    if (is_q4()) {  // the vector kernel for 4-bit weights, or its AMX tile form where the bucket's kernel is amx
-      const bool amx = kernel == kAmx;
+    if (is_q4()) {  // the vector kernel for block weights, or its AMX tile form where the bucket's kernel is amx
+      const bool amx = kernel == kAmx && q4_bits != 6;  // 6-bit blocks (an LM head) have no tile form: same bits
       const int64_t readable = amx ? q4_amx_padded_rows(rows) * k : 0;  // the tiles load whole tiles of rows
       if (static_cast<int64_t>(ws.q.size()) < readable) ws.q.resize(readable);
       const PackedQ4 w = q4_weights();
-      const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group};
+      const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group,
+                     q4_bits == 6 ? ws.group_half.data() : nullptr};
       float* y = into != nullptr ? into : ws.y.data();
       const bool interleaved = kernel == kInterleaved;
       parallel_blocks(w.blocks, amx ? q4_amx_tile_blocks(rows) : q4_tile_blocks(), [&](int64_t b0, int64_t b1) {
@@ -457,16 +462,16 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
   return p;
 }
 
-// A projection on a checkpoint's blocks: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32)
-// of `bits` bits (4: with m or without, told apart by the size; 8: Q8_0).
+// A projection on a checkpoint's blocks: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32;
+// of 256 for 6 bits) of `bits` bits (4: with m or without, told apart by the size; 6: Q6_K; 8: Q8_0).
 inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias,
                                      int bits = 4) {
-  TORCH_CHECK(bits == 4 || bits == 8, "block weights have 4 or 8 bits, not ", bits);
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "block weights have 4, 6 or 8 bits, not ", bits);
   const bool with_m = bits == 4 && packed.numel() == q4_packed_bytes(n, k, true);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && k % kQ4Group == 0 &&
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && k % (bits == 6 ? 256 : kQ4Group) == 0 &&
                   packed.numel() == q4_packed_bytes(n, k, with_m, bits),
               "a ", bits, "-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k, with_m, bits) "
-              "bytes, k a multiple of 32");
+              "bytes, k a multiple of 32 (256 for 6 bits)");
   Projection p;
   p.n = n;
   p.k = k;

@@ -313,7 +313,8 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
         kind = tensor.tensor_type.name
         if kind not in BLOCK_LAYOUTS:
             raise ParadecodeError(
-                f"dtype q4 runs Q4_0, Q4_1, Q8_0 and Q6_K weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
+                f"dtype q4 runs Q4_0, Q4_1, Q8_0 and Q6_K weight blocks; {name} in {path.name} is {kind}: use "
+                "--dtype int8."
             )
         k, n = (int(x) for x in tensor.shape[:2])
         return decode(tensor.data, kind, n, k)

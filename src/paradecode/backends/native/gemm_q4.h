@@ -164,11 +164,11 @@ __attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i
 
 // MR rows x NB blocks, group g: the float sums `acc` ([MR][NB][16], read and written back) take the group's terms
 // (6 bits: the sub-blocks' a_g * T_s, which q4_blocks multiplies by d per 256 inputs).
-// Bits: 4 (the nibbles of Q4_0 / Q4_1), 8 (Q8_0's bytes plus 128) or 6 (Q6_K's q). Always inlined into the one- and two-row
-// stream (q4_blocks): GCC 12 left it a call per group there. AMD EPYC Zen 4, 2 threads, the two forms alternating
-// in one program (two runs, medians of 31-301 ratios): with the call one row of 4-bit blocks took 1.18-1.28x the
-// time on 21 MB of weights (held in the L3 cache) and 0.98-1.15x on 113 MB (read from memory), two rows
-// 1.17-1.35x and 1.02-1.27x; 8-bit blocks alike within 3%. Taller tiles keep the call: inlined, 3 rows took
+// Bits: 4 (the nibbles of Q4_0 / Q4_1), 8 (Q8_0's bytes plus 128) or 6 (Q6_K's q). Always inlined into the
+// one- and two-row stream (q4_blocks): GCC 12 left it a call per group there. AMD EPYC Zen 4, 2 threads, the two
+// forms alternating in one program (two runs, medians of 31-301 ratios): with the call one row of 4-bit blocks took
+// 1.18-1.28x the time on 21 MB of weights (held in the L3 cache) and 0.98-1.15x on 113 MB (read from memory), two
+// rows 1.17-1.35x and 1.02-1.27x; 8-bit blocks alike within 3%. Taller tiles keep the call: inlined, 3 rows took
 // 1.02-1.07x and 8 rows 1.00-1.07x their time.
 template <int MR, int NB, int Bits = 4>
 __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x,
@@ -219,7 +219,8 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
     if constexpr (Bits == 6) {
       if (j & 1) {  // a sub-block's 16 inputs are summed: acc += a * sc * (sum q p - 32 sum p)
         unroll<NB>([&](auto b) {
-          const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q6_scale_at(b, j >> 1))));
+          const __m512i sc =
+              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q6_scale_at(b, j >> 1))));
           unroll<MR>([&](auto r) {
             float a;
             int32_t offset;
@@ -348,7 +349,8 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
         for (int j = 0; j < 4; ++j)
           for (int i = 0; i < 4; ++i) {
             if constexpr (Bits == 8) {
-              qsum += block[2 * j * 64 + c * 4 + i] * p[8 * j + i] + block[(2 * j + 1) * 64 + c * 4 + i] * p[8 * j + 4 + i];
+              qsum += block[2 * j * 64 + c * 4 + i] * p[8 * j + i] +
+                      block[(2 * j + 1) * 64 + c * 4 + i] * p[8 * j + 4 + i];
             } else {
               const uint8_t byte = block[j * 64 + c * 4 + i];
               qsum += (byte & 0x0f) * p[8 * j + i] + (byte >> 4) * p[8 * j + 4 + i];
@@ -410,7 +412,8 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
           for (int64_t r = 0; r < rows; ++r) {
             float* a = acc + (r * NB + b) * kBlockCols;
             float* in = inner + (r * NB + b) * kBlockCols;
-            each(kBlockCols, [&](int64_t c, auto z) { st(a + c, mul_add(ld(dc + c, z), ld(in + c, z), ld(a + c, z))); });
+            each(kBlockCols,
+                 [&](int64_t c, auto z) { st(a + c, mul_add(ld(dc + c, z), ld(in + c, z), ld(a + c, z))); });
             std::fill(in, in + kBlockCols, 0.f);
           }
         }

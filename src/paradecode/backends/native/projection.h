@@ -125,7 +125,8 @@ struct Projection {
   bool is_q4() const { return q4.defined(); }
   int64_t row_bytes() const { return is_q4() ? k : packed_quads(k) * 4; }
   PackedQ4 q4_weights() const {
-    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols, q4_group_bytes(q4_m, q4_bits)};
+    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols,
+            q4_group_bytes(q4_m, q4_bits)};
   }
   PackedInt8 own_weights() const {
     return {own.data_ptr<uint8_t>(), own_scale.data_ptr<float>(), n, k, packed_quads(k), own_scale.size(0) / kBlockCols};
@@ -185,7 +186,7 @@ struct Projection {
     TORCH_CHECK(into == nullptr || is_q4(), "only a 4-bit projection writes its output in place");
     if (into == nullptr) ws.y.resize(rows * n);
     if (is_q4()) {  // the vector kernel for block weights, or its AMX tile form where the bucket's kernel is amx
-      const bool amx = kernel == kAmx && q4_bits != 6;  // 6-bit blocks (an LM head) have no tile form: same bits
+      const bool amx = kernel == kAmx;
       const int64_t readable = amx ? q4_amx_padded_rows(rows) * k : 0;  // the tiles load whole tiles of rows
       if (static_cast<int64_t>(ws.q.size()) < readable) ws.q.resize(readable);
       const PackedQ4 w = q4_weights();

@@ -71,24 +71,31 @@ int main() {
 """
 
 
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
-    command = native.program_command(tmp_path / "gemm.cpp", tmp_path / "gemm", target, openmp=False)
+def run_program(source: str, target: str, folder) -> str:
+    """Compile `source` for -march=`target` with the native build's flags, run it, and return what it printed
+    (skips where there is no compiler or this CPU cannot run the target's code; fails where the program does)."""
+    command = native.program_command(folder / "check.cpp", folder / "check", target, openmp=False)
     if command is None:
         pytest.skip("no C++ compiler")
     missing = TARGETS[target] - set(native.cpu_flags().split())
     if missing:
         pytest.skip(f"this CPU cannot run -march={target} code (no {', '.join(sorted(missing))})")
-    (tmp_path / "gemm.cpp").write_text(SOURCE)
+    (folder / "check.cpp").write_text(source)
     built = subprocess.run(command, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-2000:]
-    ran = subprocess.run([str(tmp_path / "gemm")], capture_output=True, text=True, timeout=120)
+    ran = subprocess.run([str(folder / "check")], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    isa = ran.stdout.split()[-5]
+    return ran.stdout
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
+    printed = run_program(SOURCE, target, tmp_path)
+    isa = printed.split()[-5]
     expected = {"x86-64": "scalar", "haswell": "avx2"}.get(target)
     if expected:
         assert isa == expected, f"-march={target} built the {isa} path"
-    assert " ok 0 of " in ran.stdout
+    assert " ok 0 of " in printed
 
 
 # The block GEMM (gemm_q4.h) on each target against its formula, to the bit: per column and group of 32 inputs,
@@ -223,15 +230,4 @@ int main() {
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_the_block_gemm_is_exact_on_each_instruction_set(target, tmp_path):
-    command = native.program_command(tmp_path / "blocks.cpp", tmp_path / "blocks", target, openmp=False)
-    if command is None:
-        pytest.skip("no C++ compiler")
-    missing = TARGETS[target] - set(native.cpu_flags().split())
-    if missing:
-        pytest.skip(f"this CPU cannot run -march={target} code (no {', '.join(sorted(missing))})")
-    (tmp_path / "blocks.cpp").write_text(BLOCK_SOURCE)
-    built = subprocess.run(command, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr[-2000:]
-    ran = subprocess.run([str(tmp_path / "blocks")], capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    assert ran.stdout.startswith("ok 0 of ")
+    assert run_program(BLOCK_SOURCE, target, tmp_path).startswith("ok 0 of ")

@@ -1,10 +1,10 @@
 """The q4 Llama backend: the native forward over a GGUF checkpoint's own blocks (``backends/q4.py``).
 
 ``Q4LlamaBackend`` is the int8 backend with every layer's projections replaced by the checkpoint's Q4_0 / Q4_1 /
-Q8_0 / Q6_K blocks, unsmoothed (block weights cannot take SmoothQuant's per-input factors, and activations quantized per
-group of 32 do not need them: the groups isolate the outlier channels). The LM head is the file's own blocks too
-where their type is one of those (with the checkpoint's final norm); otherwise the int8 backend's head, final norm
-and hidden scale. It runs on the native forward only.
+Q8_0 / Q6_K blocks, unsmoothed (block weights cannot take SmoothQuant's per-input factors, and activations
+quantized per group of 32 do not need them: the groups isolate the outlier channels). The LM head is the file's
+own blocks too where their type is one of those (with the checkpoint's final norm); otherwise the int8 backend's
+head, final norm and hidden scale. It runs on the native forward only.
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ extern "C" __attribute__((noinline, flatten)) void check_q8(const PackedQ4& w, c
 extern "C" __attribute__((noinline, flatten)) void check_q6(const PackedQ4& w, const Q4Rows& x, float* acc) {
   q4_tile_inlined<4, 4, 6>(w, 0, 1, x, acc);
 }
-extern "C" __attribute__((noinline, flatten)) void check_q4_stream(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y) {
+extern "C" __attribute__((noinline, flatten)) void check_q4_stream(const PackedQ4& w, const Q4Rows& x, int64_t rows,
+                                                                  float* y) {
   q4_blocks<kQ4StreamRows, 1>(w, 0, x, rows, y, 64);
 }
 extern "C" __attribute__((noinline, flatten)) float check_max(const float* x, int64_t n) {

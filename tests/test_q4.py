@@ -215,6 +215,11 @@ def test_the_files_own_lm_head_computes_its_blocks_and_keeps_rows_exact(head):
         assert run(backend, method, prompt, max_new_tokens=30)[0] == reference_ids, method
 
 
+def test_a_fused_projection_mixing_block_widths_is_a_clear_error():
+    with pytest.raises(ParadecodeError, match="mixes block widths"):
+        q4.Blocks.cat([blocks_of(torch.randn(16, 32), "Q4_1"), blocks_of(torch.randn(16, 32), "Q8_0")])
+
+
 def test_a_file_head_of_the_wrong_shape_is_a_clear_error():
     model = llama(5, "small")
     config = LlamaBackend.from_hf(model)

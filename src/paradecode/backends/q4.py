@@ -72,8 +72,8 @@ class Blocks:
         """The parts' rows one after the other (one fused projection: qkv, gate_up), all of one width."""
         bits = {p.bits for p in parts}
         if len(bits) > 1:
-            raise ParadecodeError("the GGUF file mixes 4- and 8-bit blocks within one fused projection (q, k, v or "
-                                  "gate, up): use --dtype int8.")
+            raise ParadecodeError("the GGUF file mixes block widths (4, 6 or 8 bits) within one fused projection (q, k, "
+                                  "v or gate, up): use --dtype int8.")
         scales = torch.cat([p.scales for p in parts]) if parts[0].scales is not None else None
         return Blocks(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
                       torch.cat([p.m.float() for p in parts]).to(parts[0].m.dtype), bits.pop(), scales)
@@ -177,7 +177,7 @@ def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
 
 @dataclass
 class Q4Linear:
-    """A projection on a checkpoint's 4- or 8-bit blocks; runs in the native forward only (``parts``)."""
+    """A projection on a checkpoint's 4-, 6- or 8-bit blocks; runs in the native forward only (``parts``)."""
 
     packed: torch.Tensor  # uint8, gemm_q4.h's layout
     n: int

@@ -59,8 +59,8 @@ constexpr int64_t kQ4PrefetchGroups = 12;  // ask for the weights this far ahead
 struct PackedQ4 {
   const uint8_t* data;  // [blocks][groups][group_bytes]
   int64_t n, k, groups, blocks;
-  int64_t group_bytes = kQ4GroupBytes;  // kQ4GroupBytes, kQ4GroupBytesNoM where m = -8 d is not stored, or
-                                       // kQ8GroupBytes for 8-bit weights
+  int64_t group_bytes = kQ4GroupBytes;  // kQ4GroupBytes, kQ4GroupBytesNoM where m = -8 d is not stored,
+                                       // kQ8GroupBytes for 8-bit weights or kQ6MeanGroupBytes for 6-bit ones
   bool has_m() const { return group_bytes == kQ4GroupBytes; }
   int bits() const { return group_bytes == kQ8GroupBytes ? 8 : group_bytes == kQ6MeanGroupBytes ? 6 : 4; }
 };

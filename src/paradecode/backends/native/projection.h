@@ -108,7 +108,7 @@ struct Workspace {
 // One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
 // checkpoint's 4-bit blocks (gemm_q4.h) against activations quantized per group of 32.
 struct Projection {
-  at::Tensor q4;        // the packed 4- or 8-bit blocks (gemm_q4.h), uint8; undefined for an int8 projection
+  at::Tensor q4;        // the packed 4-, 6- or 8-bit blocks (gemm_q4.h), uint8; undefined for an int8 projection
   int q4_bits = 4;      // 4 (Q4_0 / Q4_1), 6 (Q6_K) or 8 (Q8_0)
   bool q4_m = false;    // 4 bits: whether m is stored
   at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)

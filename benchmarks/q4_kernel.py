@@ -5,7 +5,10 @@ peak of its multiply step alone.
     python benchmarks/q4_kernel.py --shapes 3072x576 --rows 1,2,3,4,8 --threads 1
 
 Compiles ``backends/native/gemm_q4.h`` alone (g++ with the native forward's flags, ``native.FLAGS``) into a
-small program that fills random Q4_1 blocks, splits the column blocks over the threads as two contiguous halves and takes the best of ``--repeats`` passes for each row count. The peak loop
+small program that fills random Q4_1 blocks (on 2 MiB pages where the OS gives them, as the forward's weights
+are), splits the column blocks over the threads as two contiguous halves and takes the best of ``--repeats``
+passes for each row count, beside a plain read of the same bytes split the same way (kernel "read": how fast this
+machine streams them at all, to compare the one-row GB/s with). The peak loop
 runs 12 independent chains per thread of the kernel's multiply step: vpdpbusd with AVX512-VNNI, else AVX2's two
 vpmaddubsw, vpaddw, vpmaddwd and vpaddd per 64 multiply-adds (elsewhere it is skipped). A verify pass of T
 rows is compute-bound once T x multiply-adds per weight outrun the memory read: compare the GMAC/s here with the
@@ -33,7 +36,45 @@ SOURCE = r"""
 #include <random>
 #include <vector>
 #include <omp.h>
+#include <sys/mman.h>
 using namespace paradecode;
+
+// The packed weights on 2 MiB pages where the OS gives them (the forward's are: backends/hugepages.py).
+static uint8_t* huge_bytes(size_t n) {
+  const size_t page = size_t{1} << 21, size = (n + page - 1) / page * page;
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(page, size));
+  madvise(p, size, MADV_HUGEPAGE);  // a refusal leaves ordinary pages
+  return p;
+}
+
+// Seconds (the best of `repeats`) to read `bytes` bytes split over the threads as the kernel's blocks are.
+static double timed_read(const uint8_t* data, int64_t blocks, int64_t block_bytes, int threads, int repeats) {
+  double best = 1e30;
+  for (int rep = 0; rep < repeats; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    long sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      const int id = omp_get_thread_num(), nt = omp_get_num_threads();
+      int64_t per = (blocks + nt - 1) / nt;
+      per = (per + 3) / 4 * 4;
+      const int64_t b0 = std::min(blocks, id * per), b1 = std::min(blocks, b0 + per);
+      const auto* p = reinterpret_cast<const uint64_t*>(data + b0 * block_bytes);
+      const int64_t words = (b1 - b0) * block_bytes / 8;
+      uint64_t a = 0, b = 0, c = 0, d = 0;
+      for (int64_t i = 0; i + 4 <= words; i += 4) {
+        a += p[i];
+        b += p[i + 1];
+        c += p[i + 2];
+        d += p[i + 3];
+      }
+      sink += static_cast<long>(a + b + c + d);
+    }
+    if (sink == 42) std::printf(" ");
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
 
 // The best of 3 timings of `chains(iters)` on every thread (12 independent chains of the kernel's multiply step,
 // 64 multiply-adds each per iteration), in GMAC/s.
@@ -103,15 +144,18 @@ int main(int argc, char** argv) {
   for (int s = 5; s < argc; ++s) {
     const int64_t n = std::atoll(argv[s]), k = std::atoll(std::strchr(argv[s], 'x') + 1);
     std::mt19937 rng(1);
-    std::vector<uint8_t> w(q4_packed_bytes(n, k, true));
-    for (auto& b : w) b = static_cast<uint8_t>(rng());
-    const PackedQ4 W{w.data(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols, kQ4GroupBytes};
+    const int64_t bytes = q4_packed_bytes(n, k, true);
+    uint8_t* w = huge_bytes(bytes);
+    for (int64_t i = 0; i < bytes; ++i) w[i] = static_cast<uint8_t>(rng());
+    const PackedQ4 W{w, n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols, kQ4GroupBytes};
     for (int64_t b = 0; b < W.blocks; ++b)  // d and m: small positive half floats
       for (int64_t g = 0; g < W.groups; ++g)
         for (int i = 0; i < 32; ++i) {
           const uint16_t h = 0x2000 + (rng() & 0xff);
-          std::memcpy(w.data() + (b * W.groups + g) * kQ4GroupBytes + 256 + 2 * i, &h, 2);
+          std::memcpy(w + (b * W.groups + g) * kQ4GroupBytes + 256 + 2 * i, &h, 2);
         }
+    const double read = timed_read(w, W.blocks, W.groups * kQ4GroupBytes, threads, repeats);
+    std::printf("%s read %.6e 0 %.1f\n", argv[s], read, bytes / read / 1e9);
     for (int rows : rows_list) {
       std::vector<int8_t> p(q4_amx_padded_rows(rows) * k);
       for (auto& v : p) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
@@ -132,8 +176,9 @@ int main(int argc, char** argv) {
         }
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
-      std::printf("%s %d %.6e %.1f %.1f\n", argv[s], rows, best, rows * double(n) * k / best / 1e9, w.size() / best / 1e9);
+      std::printf("%s %d %.6e %.1f %.1f\n", argv[s], rows, best, rows * double(n) * k / best / 1e9, bytes / best / 1e9);
     }
+    std::free(w);
   }
 }
 """
@@ -188,6 +233,11 @@ def main() -> int:
             if not line.strip():
                 continue
             shape, rows, seconds, gmacs, gbs = line.split()
+            if rows == "read":  # the plain read of the shape's bytes
+                if kernel == kernels[0]:
+                    print(f"{'read':>6} {shape:>12} {'-':>5} {float(seconds) * 1e3:8.3f} {'-':>8} {'-':>8} "
+                          f"{float(gbs):7.1f}")
+                continue
             share = f"{float(gmacs) / peak:.0%}" if peak else "-"
             print(f"{kernel:>6} {shape:>12} {rows:>5} {float(seconds) * 1e3:8.3f} {float(gmacs):8.1f} {share:>8} "
                   f"{float(gbs):7.1f}")

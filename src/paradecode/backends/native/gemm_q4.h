@@ -54,7 +54,13 @@ constexpr int64_t kQ8GroupBytes = 544;     // 8-bit weights (Q8_0: m = -128 d, n
 constexpr int64_t kQ6GroupBytes = 416;     // 6-bit weights (Q6_K) per group, and per 8 groups their d:
 constexpr int64_t kQ6SuperBytes = 8 * kQ6GroupBytes + 32;  // 3,360 bytes per 256 inputs,
 constexpr int64_t kQ6MeanGroupBytes = kQ6SuperBytes / 8;   // 420 on average per group (PackedQ4::group_bytes)
-constexpr int64_t kQ4PrefetchGroups = 12;  // ask for the weights this far ahead (~4 KiB per block)
+// With several rows, ask for the weights this far ahead (~4 KiB per block). One row reads faster without: its
+// multiply-adds keep up with the memory, and the requests only compete with the prefetchers' own. AMD EPYC Zen 4,
+// 2 threads, the forms alternating pass by pass in one process (greedy, 256-token context, medians of the per-pass
+// ratios): SmolLM2-135M q4 T=1 0.963x (61 passes), a synthetic Llama-3.2-1B q4 T=1 0.883x and 0.941x (21 passes,
+// two runs), GEMM stage 12.6 -> 10.9 ms; at T=2 and T=3 without it 0.98x on 135M but 1.01x and 1.06-1.07x at 1B,
+// so several rows keep it.
+constexpr int64_t kQ4PrefetchGroups = 12;
 
 struct PackedQ4 {
   const uint8_t* data;  // [blocks][groups][group_bytes]
@@ -388,10 +394,11 @@ inline void q4_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_t ro
   if constexpr (Bits == 6) std::fill(inner, inner + rows * NB * kBlockCols, 0.f);
   float* sums = Bits == 6 ? inner : acc;
   const int64_t block_stride = w.groups * w.group_bytes;
-  // One block at a time is one sequential stream: ask as far ahead as four blocks' worth of requests reach.
+  // Several rows: one block at a time is one sequential stream, asked for as far ahead as four blocks' worth of
+  // requests reach. One row is left to the hardware's prefetchers (kQ4PrefetchGroups).
   constexpr int64_t ahead_groups = kQ4PrefetchGroups * (NB == 1 ? 4 : 1);
   for (int64_t g = 0; g < w.groups; ++g) {
-    {  // past the end: the next tile's weights, which this thread reads next
+    if (rows > 1) {  // past the end: the next tile's weights, which this thread reads next
       const uint8_t* ahead = w.data + (b0 * w.groups + g + ahead_groups) * w.group_bytes;
       for (int b = 0; b < NB; ++b)
         for (int64_t off = 0; off < w.group_bytes; off += 64) __builtin_prefetch(ahead + b * block_stride + off, 0, 2);
@@ -445,16 +452,19 @@ inline void q4_range(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y,
 // on two cores, so a verify pass of 8 rows is compute-bound here, not weight-bound.
 //
 // One row has two forms, picked per pass-size bucket by the kernel choice at load ("own" and "interleaved"): one
-// block after the other, one sequential stream with the weights asked for 48 groups ahead, or 4 blocks at once.
-// Up to kQ4StreamRows rows take the stream too: a verify pass of 2 or 3 rows reads as many bytes as one row and,
-// with AVX-512 VNNI, is still bound by the read. Forward passes, the stream and the 4 x 4 tiles alternating pass by
+// block after the other, one sequential stream (nothing asked ahead: kQ4PrefetchGroups), or 4 blocks at once.
+// Up to kQ4StreamRows rows take the stream too: a verify pass of 2 rows reads as many bytes as one row and, with
+// AVX-512 VNNI, is still bound by the read. Forward passes, the stream and the 4 x 4 tiles alternating pass by
 // pass in one process, medians of the per-pass ratios (AMD EPYC Zen 4, 2 threads, after 256 tokens): SmolLM2-135M
-// T=2 0.91x, T=3 0.92x, T=4 1.01x (61 passes); a synthetic Llama-3.2-1B T=2 0.94x and 0.99x, T=3 0.98x, T=4 1.12x
-// (15-21 passes, two runs). 256-bit code keeps its tiles there (unmeasured: without VNNI 2 rows cost 1.3x one).
+// T=2 0.91x, T=4 1.01x (61 passes); a synthetic Llama-3.2-1B T=2 0.94x and 0.99x, T=4 1.12x (15-21 passes, two
+// runs). 3 rows took the stream too until their tile became the stream's only called one (q4_tile_inlined): then
+// the tiles were faster, T=3 0.948x (135M, 61 passes) and 0.898x (1B, 21 passes) the stream's time, with T=2
+// still 1.075x / 1.020x on the tiles. 256-bit code keeps its tiles there (unmeasured: without VNNI 2 rows cost
+// 1.3x one).
 // SmolLM2-135M q4 on an AMD EPYC Zen 4 (T=1 forward, the forms alternating pass by pass, median of 101 per-pass
 // ratios, three runs): the stream 0.94-0.97x; a synthetic Llama-3.2-1B (21 passes, two runs): 1.03-1.06x.
 #if defined(__AVX512F__)
-constexpr int kQ4OneRowBlocks = 4, kQ4StreamRows = 3, kQ4TileRows = 4, kQ4TileBlocks = 4;
+constexpr int kQ4OneRowBlocks = 4, kQ4StreamRows = 2, kQ4TileRows = 4, kQ4TileBlocks = 4;
 #elif defined(__AVX2__)
 constexpr int kQ4OneRowBlocks = 2, kQ4StreamRows = 1, kQ4TileRows = 2, kQ4TileBlocks = 2;
 #else

@@ -69,26 +69,44 @@ constexpr int64_t kRowGrain = 4;
 constexpr int kBuckets = 3;
 inline int bucket_of(int64_t t) { return t == 1 ? 0 : t <= kVerifyRows ? 1 : 2; }
 
-// Column blocks [0, n) over every thread, taken from a shared counter in shrinking pieces (half of what is left
-// over the threads, at least `tile` blocks, a multiple of it) rather than split in equal halves up front: a thread
-// the OS pauses (on 2 cores: the server's own Python threads, or any other process) leaves its blocks to the
-// others instead of holding the whole pass up at the end of each projection. Whichever thread computes a block
-// computes all of it with the same code, so the bits do not change.
+// Column blocks [0, n) over every thread, in pieces of `tile` blocks: each thread streams its own contiguous share
+// from the front, claiming half of what is left of it at a time, and a thread whose share is done takes pieces
+// from the back of the others' (half of what is left there), so a thread the OS pauses (on 2 cores: the server's
+// own Python threads, or any other process) leaves its blocks to the others instead of holding the whole pass up
+// at the end of each projection. Whichever thread computes a block computes all of it with the same code, so the
+// bits do not change. Pieces taken in turn from one shared counter instead (each thread's reads scattered over
+// the matrix, a fresh stream per piece) took 1.036x / 1.024x / 1.005x the time of a pass at T=1/2/4 on
+// SmolLM2-135M q4 (61 passes) and 1.037x / 1.030x / 1.003x on a synthetic Llama-3.2-1B q4 (21 passes): AMD EPYC
+// Zen 4, 2 threads, greedy after 256 tokens, the two alternating pass by pass in one process, medians of the
+// per-pass ratios.
 template <typename F>
 inline void parallel_blocks(int64_t n, int64_t tile, const F& body) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + tile - 1) / tile);
+  const int64_t pieces = (n + tile - 1) / tile;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), pieces);
   if (threads <= 1 || at::in_parallel_region()) return body(0, n);
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    int64_t start = next.load(std::memory_order_relaxed), take;
+  // share s: pieces [front, back) in one word (front in the low 32 bits), so that a claim is one exchange
+  const auto pack = [](int64_t front, int64_t back) { return static_cast<uint64_t>(back) << 32 | front; };
+  std::vector<std::atomic<uint64_t>> shares(threads);
+  for (int64_t s = 0; s < threads; ++s) shares[s].store(pack(pieces * s / threads, pieces * (s + 1) / threads));
+  // half of what is left of `share`, at least one piece: from its front (its own thread) or its back (another)
+  const auto claim = [&](std::atomic<uint64_t>& share, bool own, int64_t& p0, int64_t& p1) {
+    uint64_t word = share.load(std::memory_order_relaxed);
     for (;;) {
-      do {
-        const int64_t left = n - start;
-        if (left <= 0) return;
-        take = std::min(left, std::max<int64_t>(tile, (left / (2 * threads) + tile - 1) / tile * tile));
-      } while (!next.compare_exchange_weak(start, start + take, std::memory_order_relaxed));
-      body(start, start + take);
-      start = next.load(std::memory_order_relaxed);
+      const int64_t front = static_cast<int64_t>(word & 0xffffffffu), back = static_cast<int64_t>(word >> 32);
+      if (front >= back) return false;
+      const int64_t take = std::max<int64_t>(1, (back - front) / 2);
+      p0 = own ? front : back - take;
+      p1 = p0 + take;
+      if (share.compare_exchange_weak(word, own ? pack(p1, back) : pack(front, p0), std::memory_order_relaxed))
+        return true;
+    }
+  };
+  at::parallel_for(0, threads, 1, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      int64_t p0, p1;
+      while (claim(shares[s], true, p0, p1)) body(p0 * tile, std::min(n, p1 * tile));
+      for (int64_t other = 1; other < threads; ++other)
+        while (claim(shares[(s + other) % threads], false, p0, p1)) body(p0 * tile, std::min(n, p1 * tile));
     }
   });
 }

@@ -220,18 +220,18 @@ inline void gemm_blocks(const PackedInt8& w, int64_t b0, const int8_t* q, int64_
   scale_sums(w, b0, sums, NB * kBlockCols, rowsum, rows, y, y_stride);
 }
 
-// One or two rows (a token, or a token and its residual row): blocks [b0, b1) one after the other, so the pass
-// reads the packed bytes as one sequential stream (blocks lie end to end), the pattern the hardware prefetcher
-// follows best, with two rows the bytes kPrefetchQuads quads ahead asked into L2 besides. One row reads faster
-// left to the hardware alone (AMD EPYC Zen 4, 2 threads, int8, the two forms alternating pass by pass in one
-// process, greedy after 256 tokens, medians of the per-pass ratios: SmolLM2-135M T=1 0.942x (61 passes),
-// gemma3-270m 0.902x (41), a synthetic Llama-3.2-1B 0.963x (21); two rows 0.99-1.00x, so they keep it). The latency of the dependent
-// multiply-adds is hidden by kRowChains independent sums per row over interleaved quads, added up at the end of
-// the block: integer sums, so the order changes no bit. Against streaming 8 blocks at once (8 streams 9 KiB apart
-// on SmolLM2-135M's shapes, no prefetch), a forward's 120 matrices (106 MB on 2 MiB pages, 2 threads, one row,
-// the two alternating rep by rep, median of 61 per-rep ratios, four runs) took 0.85-0.90x the time on an AMD EPYC
-// Zen 4; in the forward (SmolLM2-135M after 256 tokens, the two alternating pass by pass in one process, medians
-// of 61-101 per-pass ratios, two runs) int8 T=1 0.96-0.99x, T=2 0.96-0.97x, q4 T=1 (its int8 LM head) 0.96-0.985x.
+// One or two rows (a token, or a token and its residual row): blocks [b0, b1) one after the other, so the pass reads
+// the packed bytes as one sequential stream (blocks lie end to end), the pattern the hardware prefetcher follows best,
+// with two rows the bytes kPrefetchQuads quads ahead asked into L2 besides. One row reads faster left to the hardware
+// alone (AMD EPYC Zen 4, 2 threads, int8, the two forms alternating pass by pass in one process, greedy after 256
+// tokens, medians of the per-pass ratios: SmolLM2-135M T=1 0.942x (61 passes), gemma3-270m 0.902x (41), a synthetic
+// Llama-3.2-1B 0.963x (21); two rows 0.99-1.00x, so they keep it). The latency of the dependent multiply-adds is hidden
+// by kRowChains independent sums per row over interleaved quads, added up at the end of the block: integer sums, so the
+// order changes no bit. Against streaming 8 blocks at once (8 streams 9 KiB apart on SmolLM2-135M's shapes, no
+// prefetch), a forward's 120 matrices (106 MB on 2 MiB pages, 2 threads, one row, the two alternating rep by rep,
+// median of 61 per-rep ratios, four runs) took 0.85-0.90x the time on an AMD EPYC Zen 4; in the forward (SmolLM2-135M
+// after 256 tokens, the two alternating pass by pass in one process, medians of 61-101 per-pass ratios, two runs) int8
+// T=1 0.96-0.99x, T=2 0.96-0.97x, q4 T=1 (its int8 LM head) 0.96-0.985x.
 constexpr int kRowChains = 4;
 
 template <int MR>

@@ -1,4 +1,4 @@
-"""The q4 dtype: a GGUF checkpoint's own 4- and 8-bit blocks on the native forward (backends/q4.py,
+"""The q4 dtype: a GGUF checkpoint's own 4-, 6- and 8-bit blocks on the native forward (backends/q4.py,
 native/gemm_q4.h).
 
 Blocks decode as gguf decodes them; the kernel computes the block formula; every row equals its one-token pass to
@@ -137,25 +137,28 @@ def test_packing_puts_each_weight_where_the_kernel_reads_it(kind):
                 assert m == blocks.m[col, g]
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_the_q4_forward_computes_the_blocks_model(kind):
-    """Against the fp32 model whose weights are the dequantized blocks (same int8 LM head): the logits differ by
-    the activations' 8-bit rounding only."""
-    model = llama(2, "deep")
-    layers = q4_layers(model, kind)
-    backend = q4_backend(2, "deep", kind)
+def load_dequantized(model, layers) -> None:
+    """Set ``model``'s projections to ``layers``' blocks, dequantized (the model the q4 forward computes)."""
     with torch.no_grad():
         for layer, blocks in zip(model.model.layers, layers):
             a, m = layer.self_attn, layer.mlp
-            qkv = blocks["qkv"].dequantize()
             sizes = [a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]]
-            for proj, part in zip((a.q_proj, a.k_proj, a.v_proj), qkv.split(sizes)):
+            for proj, part in zip((a.q_proj, a.k_proj, a.v_proj), blocks["qkv"].dequantize().split(sizes)):
                 proj.weight.copy_(part)
             a.o_proj.weight.copy_(blocks["o"].dequantize())
             gate, up = blocks["gate_up"].dequantize().chunk(2)
             m.gate_proj.weight.copy_(gate)
             m.up_proj.weight.copy_(up)
             m.down_proj.weight.copy_(blocks["down"].dequantize())
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_q4_forward_computes_the_blocks_model(kind):
+    """Against the fp32 model whose weights are the dequantized blocks (same int8 LM head): the logits differ by
+    the activations' 8-bit rounding only."""
+    model = llama(2, "deep")
+    backend = q4_backend(2, "deep", kind)
+    load_dequantized(model, q4_layers(model, kind))
     reference = LlamaBackend.from_hf(model)
     ids = tokens(40, seed=3)
     got, want = backend.forward(ids).logits, reference.forward(ids).logits
@@ -189,17 +192,8 @@ def test_the_files_own_lm_head_computes_its_blocks_and_keeps_rows_exact(head):
     model = llama(5, "wide")
     backend = q4_backend(5, "wide", "Q4_1", head=head)
     assert isinstance(backend._lm_head, q4.Q4Linear) and backend._lm_head.bits == q4.BITS[head]
-    layers = q4_layers(model)
+    load_dequantized(model, q4_layers(model))
     with torch.no_grad():
-        for layer, blocks in zip(model.model.layers, layers):
-            a, m = layer.self_attn, layer.mlp
-            q, k, v = blocks["qkv"].dequantize().split([a.q_proj.weight.shape[0], a.k_proj.weight.shape[0],
-                                                        a.v_proj.weight.shape[0]])
-            a.q_proj.weight.copy_(q), a.k_proj.weight.copy_(k), a.v_proj.weight.copy_(v)
-            a.o_proj.weight.copy_(blocks["o"].dequantize())
-            gate, up = blocks["gate_up"].dequantize().chunk(2)
-            m.gate_proj.weight.copy_(gate), m.up_proj.weight.copy_(up)
-            m.down_proj.weight.copy_(blocks["down"].dequantize())
         model.lm_head.weight.copy_(head_blocks(model.lm_head.weight, head).dequantize())
     reference = LlamaBackend.from_hf(model)
     ids = tokens(40, seed=3)

@@ -47,7 +47,15 @@ static uint8_t* huge_bytes(size_t n) {
   return p;
 }
 
-// Seconds (the best of `repeats`) to read `bytes` bytes split over the threads as the kernel's blocks are.
+// The column blocks thread `id` of `nt` takes: contiguous shares, whole multiples of 4 blocks.
+static void thread_blocks(int64_t blocks, int id, int nt, int64_t& b0, int64_t& b1) {
+  const int64_t per = ((blocks + nt - 1) / nt + 3) / 4 * 4;
+  b0 = std::min(blocks, id * per);
+  b1 = std::min(blocks, b0 + per);
+}
+
+// Seconds (the best of `repeats`) to read `blocks` blocks of `block_bytes` split over the threads as the kernel's
+// are.
 static double timed_read(const uint8_t* data, int64_t blocks, int64_t block_bytes, int threads, int repeats) {
   double best = 1e30;
   for (int rep = 0; rep < repeats; ++rep) {
@@ -55,10 +63,8 @@ static double timed_read(const uint8_t* data, int64_t blocks, int64_t block_byte
     long sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     {
-      const int id = omp_get_thread_num(), nt = omp_get_num_threads();
-      int64_t per = (blocks + nt - 1) / nt;
-      per = (per + 3) / 4 * 4;
-      const int64_t b0 = std::min(blocks, id * per), b1 = std::min(blocks, b0 + per);
+      int64_t b0, b1;
+      thread_blocks(blocks, omp_get_thread_num(), omp_get_num_threads(), b0, b1);
       const auto* p = reinterpret_cast<const uint64_t*>(data + b0 * block_bytes);
       const int64_t words = (b1 - b0) * block_bytes / 8;
       uint64_t a = 0, b = 0, c = 0, d = 0;
@@ -166,10 +172,8 @@ int main(int argc, char** argv) {
         const auto start = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
         {
-          const int id = omp_get_thread_num(), nt = omp_get_num_threads();
-          int64_t per = (W.blocks + nt - 1) / nt;
-          per = (per + 3) / 4 * 4;
-          const int64_t b0 = std::min(W.blocks, id * per), b1 = std::min(W.blocks, b0 + per);
+          int64_t b0, b1;
+          thread_blocks(W.blocks, omp_get_thread_num(), omp_get_num_threads(), b0, b1);
           float spill[kMaxTileRows * kBlockCols];
           if (b0 < b1 && amx) q4_amx_gemm(W, x, rows, y.data(), n, b0, b1, spill);
           else if (b0 < b1) q4_gemm(W, x, rows, y.data(), n, b0, b1, spill);

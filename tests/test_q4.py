@@ -101,6 +101,57 @@ def test_blocks_decode_as_gguf_dequantizes_them(kind):
     assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, KINDS[kind]))
 
 
+def test_q5_0_blocks_are_q8_0_blocks_of_the_same_weights():
+    """Q5_0 (w = d (q - 16), q in 0..31) is read as 8-bit blocks whose weights are gguf's dequantization, exactly."""
+    weight = torch.randn(40, 96) * torch.linspace(0.1, 3.0, 96)
+    raw = quants.quantize(weight.numpy(), GGMLQuantizationType.Q5_0)
+    blocks = q4.decode(raw, "Q5_0", 40, 96)
+    assert blocks.bits == 8 and blocks.m_is_implied and blocks.q.min() >= 112 and blocks.q.max() <= 143
+    assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, GGMLQuantizationType.Q5_0))
+
+
+def q4_k_raw(n: int, k: int, seed: int = 0) -> np.ndarray:
+    from paradecode import synthetic
+
+    return synthetic.random_rows(np.random.default_rng(seed), "Q4_K", n, k)
+
+
+def test_q4_k_blocks_are_q4_1_blocks_within_a_half_floats_rounding_of_their_scales():
+    """Q4_K (w = d sc q - dmin mn per 32 of 256) is read as Q4_1 blocks with d sc and -dmin mn rounded to half
+    floats: every weight within 2^-11 of its group's scale and min of gguf's dequantization, and equal to it where
+    both are exact halves; a scale beyond the half range is a clear error."""
+    from gguf.quants import Q4_K
+
+    raw = q4_k_raw(24, 512)
+    blocks = q4.decode(raw, "Q4_K", 24, 512)
+    assert blocks.bits == 4 and not blocks.m_is_implied and blocks.q.max() == 15 and blocks.shape == (24, 512)
+    want = quants.dequantize(raw, GGMLQuantizationType.Q4_K)
+    got = blocks.dequantize().numpy()
+    supers = raw.reshape(24, 2, 144)
+    d = supers[..., 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = supers[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = Q4_K.get_scale_min(supers[..., 4:16].reshape(-1, 12))
+    step = np.repeat((d * sc.reshape(24, 2, 8)).reshape(24, 16), 32, axis=1)
+    low = np.repeat((dmin * mn.reshape(24, 2, 8)).reshape(24, 16), 32, axis=1)
+    assert (np.abs(got - want) <= 2.0 ** -11 * (15 * step + low) * 1.0001).all()
+    assert 0 < np.abs(got - want).max()
+    exact = (step.astype(np.float16).astype(np.float32) == step) & (low.astype(np.float16).astype(np.float32) == low)
+    assert exact.any() and np.array_equal(got[exact], want[exact])
+    huge = raw.reshape(24, 2, 144).copy()
+    huge[0, 0, 0:2] = np.array([60000], dtype=np.float16).view(np.uint8)
+    huge[0, 0, 4] = 63  # the first scale 63: 60000 x 63 is no half float
+    with pytest.raises(ParadecodeError, match="beyond a half float's range"):
+        q4.decode(huge.reshape(24, -1), "Q4_K", 24, 512)
+
+
+def test_a_fused_projection_of_q4_0_and_8_bit_parts_runs_at_8_bits_with_the_same_weights():
+    """A Q4_0 q beside a Q5_0 or Q8_0 v (as K-quant files mix them): the 4-bit part is widened, weights unchanged."""
+    parts = [blocks_of(torch.randn(16, 64), "Q4_0"), blocks_of(torch.randn(32, 64), "Q8_0")]
+    fused = q4.fuse(parts)
+    assert isinstance(fused, q4.Blocks) and fused.bits == 8 and fused.m_is_implied
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
 def test_q6_k_blocks_decode_as_gguf_dequantizes_them():
     from paradecode import synthetic
 
@@ -209,9 +260,32 @@ def test_the_files_own_lm_head_computes_its_blocks_and_keeps_rows_exact(head):
         assert run(backend, method, prompt, max_new_tokens=30)[0] == reference_ids, method
 
 
-def test_a_fused_projection_mixing_block_widths_is_a_clear_error():
-    with pytest.raises(ParadecodeError, match="mixes block widths"):
-        q4.Blocks.cat([blocks_of(torch.randn(16, 32), "Q4_1"), blocks_of(torch.randn(16, 32), "Q8_0")])
+@pytest.mark.parametrize("v", ["Q8_0", "Q6_K"])
+def test_a_fused_projection_mixing_block_widths_computes_each_part_on_its_own_columns(v):
+    """q and k as Q4_1 beside a v of 8 or 6 bits (Q4_K_M files keep some layers' v as Q6_K): each part packed and
+    computed on its own columns, the logits those of the blocks' model, rows exact, methods equal ar."""
+    model = llama(7, "wide")
+    config = LlamaBackend.from_hf(model)
+    layers = q4_layers(model)
+    for layer, blocks in zip(model.model.layers, layers):
+        a = layer.self_attn
+        parts = [blocks_of(a.q_proj.weight), blocks_of(a.k_proj.weight), head_blocks(a.v_proj.weight, v)]
+        blocks["qkv"] = q4.fuse(parts)
+        assert isinstance(blocks["qkv"], q4.Fused) and blocks["qkv"].shape == (512, 256)
+    head = head_blocks(model.lm_head.weight, "Q8_0")
+    backend = Q4LlamaBackend(config.shape, model.state_dict(), layers=layers, head=head)
+    assert backend._layers[0].qkv.layout == ((256, 4, True), (128, 4, True), (128, q4.BITS[v], False))
+    load_dequantized(model, layers)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(head.dequantize())
+    reference = LlamaBackend.from_hf(model)
+    ids = tokens(40, seed=3)
+    got, want = backend.forward(ids).logits, reference.forward(ids).logits
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+    prompt = tokens(20, seed=10).tolist() * 2
+    assert run(backend, "pld-tree", prompt, max_new_tokens=30)[0] == run(backend, "ar", prompt, max_new_tokens=30)[0]
 
 
 def test_a_file_head_of_the_wrong_shape_is_a_clear_error():
@@ -332,14 +406,47 @@ def test_a_gguf_file_without_block_layers_it_runs_is_a_clear_error(tmp_path):
     writer = GGUFWriter(str(path), "llama")
     weight = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
     for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-        raw = quants.quantize(weight, GGMLQuantizationType.Q5_0)
-        writer.add_tensor(f"blk.0.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q5_0)
+        raw = quants.quantize(weight, GGMLQuantizationType.Q5_1)
+        writer.add_tensor(f"blk.0.{name}.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q5_1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ParadecodeError, match="Q4_0, Q4_1, Q8_0 and Q6_K .* is Q5_0"):
+    with pytest.raises(ParadecodeError, match="Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0 .* is Q5_1"):
         q4.read_layers(path, 1, 2, 1)
+
+
+@pytest.mark.parametrize("method", ["pld-tree", "jacobi"])
+def test_q4_k_and_q5_0_layers_compute_their_blocks_model_with_exact_rows(method):
+    """A model whose o, gate_up and down are Q4_K and whose qkv is Q5_0 (as in Q4_K_M files), with the file's own
+    Q6_K head: the logits are its converted blocks' model's up to the activations' rounding, every row equals its
+    one-token pass, and methods equal ar."""
+    model = llama(6, "wide")
+    config = LlamaBackend.from_hf(model)
+    layers = []
+    for i, layer in enumerate(model.model.layers):
+        a, m = layer.self_attn, layer.mlp
+        q4_k = {name: q4.decode(q4_k_raw(n, k, seed=10 * i + j), "Q4_K", n, k)
+                for j, (name, (n, k)) in enumerate([("o", a.o_proj.weight.shape),
+                                                    ("gate_up", (2 * m.up_proj.weight.shape[0], 256))])}
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        raw = quants.quantize(qkv.detach().numpy(), GGMLQuantizationType.Q5_0)
+        layers.append(dict(qkv=q4.decode(raw, "Q5_0", *qkv.shape), down=blocks_of(m.down_proj.weight, "Q4_1"),
+                           **q4_k))
+    head = head_blocks(model.lm_head.weight, "Q6_K")
+    backend = Q4LlamaBackend(config.shape, model.state_dict(), layers=layers, head=head)
+    load_dequantized(model, layers)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(head.dequantize())
+    reference = LlamaBackend.from_hf(model)
+    ids = tokens(40, seed=3)
+    got, want = backend.forward(ids).logits, reference.forward(ids).logits
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+    prompt = tokens(20, seed=10).tolist() * 2
+    reference_ids, _ = run(backend, "ar", prompt, max_new_tokens=30)
+    assert run(backend, method, prompt, max_new_tokens=30)[0] == reference_ids
 
 
 @pytest.mark.slow

@@ -67,6 +67,10 @@ def random_rows(rng: np.random.Generator, kind: str, n: int, k: int, scale: floa
         blocks = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
         blocks[..., 192:208] = rng.integers(4, 12, (n, k // 256, 16), dtype=np.uint8)
         blocks[..., 208:210] = _half(scale * rng.uniform(1e-4, 2e-4, (n, k // 256)))
+    elif kind == "Q4_K":  # 256 weights: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;
+        blocks = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)  # w = d sc q - dmin mn per 32
+        blocks[..., 0:2] = _half(scale * rng.uniform(1e-4, 2e-4, (n, k // 256)))
+        blocks[..., 2:4] = _half(scale * rng.uniform(4e-4, 8e-4, (n, k // 256)))
     else:
         raise ValueError(f"no random blocks of type {kind}")
     return blocks.reshape(n, -1)

@@ -1,5 +1,5 @@
 """Block projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 / Q8_0 / Q6_K weight blocks, run
-as stored.
+as stored, and its Q5_0 / Q4_K blocks converted to those.
 
 The int8 dtype dequantizes a 4-bit checkpoint and quantizes it again per output channel, which adds error and
 reads ~1.4x the bytes per token. ``q4`` keeps the checkpoint's blocks (32 weights of one output column as
@@ -9,6 +9,14 @@ float steps, so every row stays exact whatever else is in the pass). Q8_0 blocks
 run in the same kernel as 8-bit ``q + 128`` with ``m = -128 d``, and Q6_K blocks (``w = d sc (q - 32)`` per 16 of
 256) keep their 6 bits there. The LM head is the file's too where its type is one of these (the embedding, Q8_0 in
 the shipped SmolLM2 file; Q6_K in most Q4_0 and Q4_K_M files); otherwise the int8 backend's.
+
+Two types of K-quant files are converted as they are read (``decode``). Q5_0 (``w = d (q - 16)``, q in 0..31) is
+a Q8_0 block exactly (the same d, ``q - 16`` as its int8): the same weights, 8.5 bits each instead of 5.5. Q4_K
+(per 256 weights a half-float ``d`` and ``dmin``, per 32 a 6-bit scale ``sc`` and min ``mn``: ``w = d sc q - dmin
+mn``, q in 0..15) is a Q4_1 block per 32 weights with ``d' = d sc`` and ``m' = -dmin mn``, each rounded to a half
+float (both are exact in float32; a half keeps 11 of their up to 17 significant bits, so a weight moves by at most
+2^-11 of its group's scale and min: ~60x less than the 4-bit step itself); 5 bits a weight instead of 4.5. Other
+types (Q5_1, Q5_K, Q3_K, ...) run on the int8 dtype.
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ from paradecode.errors import ParadecodeError
 
 GROUP = 32  # weights per block of the checkpoint, and inputs per activation scale
 BLOCK_COLS = 16
-BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q6_K": 210}  # bytes per block (32 weights; Q6_K 256)
-BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6}
-SUPER = 256  # weights per Q6_K block (a d for 16 sub-blocks of 16, each with an int8 scale)
+# bytes per block of the types q4 runs (32 weights; the K-quants 256), and the kernel width each runs at
+BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q6_K": 210, "Q5_0": 22, "Q4_K": 144}
+BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6, "Q5_0": 8, "Q4_K": 4}
+SUPPORTED = "Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0"  # for error messages
+SUPER = 256  # weights per K-quant block (Q6_K: a d for 16 sub-blocks of 16, each with an int8 scale)
 IMPLIED_M = {4: -8, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q8_0)
-FORMAT = 2  # bump when the packed layout changes meaning
+FORMAT = 3  # bump when the packed layout (or the kept copy's metadata) changes meaning
 
 
 @dataclass
@@ -67,27 +77,72 @@ class Blocks:
         scales = self.scales[index] if self.scales is not None else None
         return Blocks(self.q[index], self.d[index], self.m[index], self.bits, scales)
 
+    def widened(self) -> Blocks:
+        """These 4-bit blocks as 8-bit ones with the same weights, where m is the implied -8 d (Q4_0): q - 8 is
+        the int8 q of a Q8_0 block of the same d (m = -128 d). A fused projection whose parts differ in width runs
+        at the widest (a Q4_0 q beside a Q8_0 v)."""
+        if self.bits != 4 or not self.m_is_implied:
+            raise ValueError("only 4-bit blocks with m = -8 d widen to 8 bits exactly")
+        return Blocks(self.q + 120, self.d, self.d.float() * -128, bits=8)
+
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
-        """The parts' rows one after the other (one fused projection: qkv, gate_up), all of one width."""
+        """The parts' rows one after the other, all of one width."""
         bits = {p.bits for p in parts}
         if len(bits) > 1:
-            raise ParadecodeError("the GGUF file mixes block widths (4, 6 or 8 bits) within one fused projection (q, k, "
-                                  "v or gate, up): use --dtype int8.")
+            raise ValueError(f"blocks of one width only, not {sorted(bits)} bits: see fuse")
         scales = torch.cat([p.scales for p in parts]) if parts[0].scales is not None else None
         return Blocks(torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]),
                       torch.cat([p.m.float() for p in parts]).to(parts[0].m.dtype), bits.pop(), scales)
 
 
+@dataclass
+class Fused:
+    """A fused projection (q, k and v, or gate and up) whose parts the file stores at different widths (a Q4_K q
+    and k beside a Q6_K v in Q4_K_M files): each part is packed and computed on its own columns."""
+
+    parts: list[Blocks]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+
+def fuse(parts: list[Blocks]) -> Blocks | Fused:
+    """One fused projection of ``parts``' rows one after the other: blocks of one width where they are (Q4_0 parts
+    beside 8-bit ones widened to 8 bits, the same weights: ``Blocks.widened``), else a ``Fused`` of the parts
+    as they are."""
+    if {p.bits for p in parts} == {4, 8} and all(p.bits == 8 or p.m_is_implied for p in parts):
+        parts = [p if p.bits == 8 else p.widened() for p in parts]
+    return Blocks.cat(parts) if len({p.bits for p in parts}) == 1 else Fused(list(parts))
+
+
+def packed_bytes(n: int, k: int, bits: int, with_m: bool) -> int:
+    """Bytes of an [n, k] weight in gemm_q4.h's layout (q4_packed_bytes there)."""
+    group = {8: 544, 6: 420}.get(bits, 320 if with_m else 288)
+    return -(-n // BLOCK_COLS) * (k // GROUP) * group
+
+
 def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
     """A GGUF tensor's bytes ([n, k / 32 * block bytes] uint8) of type ``kind`` -> its blocks."""
     size = BLOCK_LAYOUTS[kind]
-    if kind == "Q6_K":
-        return _decode_q6_k(np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, size), n, k)
+    if kind in ("Q6_K", "Q4_K"):
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // SUPER, size)
+        return _decode_q6_k(blocks, n, k) if kind == "Q6_K" else _decode_q4_k(blocks, n, k)
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GROUP, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    if kind == "Q8_0":  # q as the kernel reads it, unsigned: q + 128; m = -128 d (as a float: it may overflow halves)
-        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, k)
+    if kind in ("Q8_0", "Q5_0"):  # q as the kernel reads it, unsigned: q + 128; m = -128 d (a float: it may overflow
+        if kind == "Q8_0":        # halves)
+            signed = blocks[..., 2:].view(np.int8).astype(np.int16)
+        else:  # Q5_0: bit i of the 32-bit qh is weight i's fifth bit; byte i of qs holds weight i low, i + 16 high
+            high = (blocks[..., 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+            nibbles = blocks[..., 6:]
+            signed = (np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1) | (high.astype(np.uint8) << 4))
+            signed = signed.astype(np.int16) - 16
+        q = (signed + 128).astype(np.uint8).reshape(n, k)
         m = d.astype(np.float32) * -128
         return Blocks(torch.from_numpy(q), torch.from_numpy(d.copy()), torch.from_numpy(m), bits=8)
     if kind == "Q4_1":
@@ -110,6 +165,29 @@ def _decode_q6_k(blocks: np.ndarray, n: int, k: int) -> Blocks:
     d = blocks[..., 208:210].copy().view(np.float16)[..., 0]
     return Blocks(torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d.copy()), torch.zeros(n, 0),
                   bits=6, scales=torch.from_numpy(scales.copy()))
+
+
+def _decode_q4_k(blocks: np.ndarray, n: int, k: int) -> Blocks:
+    """Q4_K blocks [n, k / 256, 144] (d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: byte i of
+    chunk c holds weight 64 c + i low, 64 c + 32 + i high) as Q4_1 blocks: d' = d sc and m' = -dmin mn per 32
+    weights, rounded to half floats (the module's docstring says what that costs)."""
+    from gguf.quants import Q4_K
+
+    supers = k // SUPER
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [n, supers, 1]
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [n * supers, 8] each: gguf's own unpacking
+    exact_d = d * sc.reshape(n, supers, 8).astype(np.float32)  # products of an 11-bit d and a 6-bit integer: exact
+    exact_m = -(dmin * mn.reshape(n, supers, 8).astype(np.float32))
+    with np.errstate(over="ignore"):
+        half_d, half_m = exact_d.astype(np.float16), exact_m.astype(np.float16)
+    if not (np.isfinite(half_d).all() and np.isfinite(half_m).all()) and np.isfinite(exact_d).all():
+        raise ParadecodeError("a Q4_K block's scale is beyond a half float's range, so dtype q4 cannot hold it: use "
+                              "--dtype int8.")
+    nibbles = blocks[..., 16:].reshape(n, supers, 4, 32)
+    q = np.stack([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(n, k)  # [n, super, chunk, low/high, 32]
+    return Blocks(torch.from_numpy(q), torch.from_numpy(half_d.reshape(n, k // GROUP).copy()),
+                  torch.from_numpy(half_m.reshape(n, k // GROUP).copy()))
 
 
 def _pack_q6(blocks: Blocks) -> torch.Tensor:
@@ -183,16 +261,21 @@ class Q4Linear:
     n: int
     k: int
     bias: torch.Tensor | None = None  # [n], float32 whatever it is given in
-    bits: int = 4
+    bits: int = 4  # the blocks' width; 0 where the parts of a fused projection differ (``layout``)
+    layout: tuple[tuple[int, int, bool], ...] = ()  # then (columns, bits, m stored) per part, packed in turn
 
     def __post_init__(self) -> None:
         if self.bias is not None:
             self.bias = self.bias.float()
+        self.layout = tuple(tuple(part) for part in self.layout)
 
     @classmethod
-    def from_blocks(cls, blocks: Blocks, bias: torch.Tensor | None = None) -> Q4Linear:
+    def from_blocks(cls, blocks: Blocks | Fused, bias: torch.Tensor | None = None) -> Q4Linear:
         n, k = blocks.shape
-        return cls(pack(blocks), n, k, bias, blocks.bits)
+        if isinstance(blocks, Blocks):
+            return cls(pack(blocks), n, k, bias, blocks.bits)
+        parts = [(part.shape[0], part.bits, not part.m_is_implied) for part in blocks.parts]
+        return cls(torch.cat([pack(part) for part in blocks.parts]), n, k, bias, 0, tuple(parts))
 
     def with_bias(self, bias: torch.Tensor | None) -> Q4Linear:
         """The same packed weight with ``bias``."""
@@ -204,7 +287,8 @@ class Q4Linear:
 
     def parts(self) -> tuple:
         """What the native forward takes of a block projection."""
-        return {4: "q4", 6: "q6", 8: "q8"}[self.bits], self.packed, self.n, self.k, self.bias
+        layout = self.layout or ((self.n, self.bits, self.packed.numel() == packed_bytes(self.n, self.k, 4, True)),)
+        return "blocks", self.packed, self.n, self.k, self.bias, [tuple(part) for part in layout]
 
 
 def gguf_source(model_dir: Path) -> Path:
@@ -248,8 +332,8 @@ def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
         try:
             with safe_open(str(kept), "pt") as file:
                 shapes = json.loads(file.metadata()["shapes"])
-                layers = [{name: Q4Linear(file.get_tensor(f"{i}.{name}"), n, k, bits=bits)
-                           for name, (n, k, bits) in shapes[i].items()} for i in range(num_layers)]
+                layers = [{name: Q4Linear(file.get_tensor(f"{i}.{name}"), n, k, bits=bits, layout=layout)
+                           for name, (n, k, bits, layout) in shapes[i].items()} for i in range(num_layers)]
                 head_shape = json.loads(file.metadata()["head"])
                 head = None if head_shape is None else Q4Linear(file.get_tensor("head"), *head_shape[:2],
                                                                 bits=head_shape[2])
@@ -265,7 +349,8 @@ def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
     head_blocks = read_head(reader)
     head = None if head_blocks is None else Q4Linear.from_blocks(head_blocks)
     if kept is not None:
-        shapes = [{name: [linear.n, linear.k, linear.bits] for name, linear in layer.items()} for layer in layers]
+        shapes = [{name: [linear.n, linear.k, linear.bits, linear.layout] for name, linear in layer.items()}
+                  for layer in layers]
         tensors = {f"{i}.{name}": linear.packed for i, layer in enumerate(layers) for name, linear in layer.items()}
         if head is not None:
             tensors["head"] = head.packed
@@ -276,7 +361,7 @@ def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
 
 def read_head(reader) -> Blocks | None:
     """The LM head's blocks from a GGUF reader: ``output.weight``, or the embedding where the head is tied to it;
-    None where its type is not one the kernel runs (an F16 or Q4_K head: the int8 backend's head then)."""
+    None where its type is not one the kernel runs (an F16 or Q5_K head: the int8 backend's head then)."""
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     tensor = tensors.get("output.weight", tensors.get("token_embd.weight"))
     if tensor is None or tensor.tensor_type.name not in BLOCK_LAYOUTS:
@@ -285,14 +370,14 @@ def read_head(reader) -> Blocks | None:
     return decode(tensor.data, tensor.tensor_type.name, n, k)
 
 
-def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Blocks]]:
+def read_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Blocks | Fused]]:
     """Each layer's qkv, o, gate_up and down as 4-bit blocks in the Hugging Face row order (llama.cpp's
     converter reorders the q and k rows for its RoPE; this undoes it, as transformers does)."""
     return list(iter_layers(path, num_layers, heads, kv_heads))
 
 
 def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
-                reader=None) -> Iterator[dict[str, Blocks]]:
+                reader=None) -> Iterator[dict[str, Blocks | Fused]]:
     """``read_layers`` one layer at a time (the file is mapped, not read: a large model's blocks need not all be
     unpacked at once); ``reader``: the file's GGUFReader where the caller has one."""
     from gguf import GGUFReader
@@ -313,8 +398,7 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
         kind = tensor.tensor_type.name
         if kind not in BLOCK_LAYOUTS:
             raise ParadecodeError(
-                f"dtype q4 runs Q4_0, Q4_1, Q8_0 and Q6_K weight blocks; {name} in {path.name} is {kind}: use "
-                "--dtype int8."
+                f"dtype q4 runs {SUPPORTED} weight blocks; {name} in {path.name} is {kind}: use --dtype int8."
             )
         k, n = (int(x) for x in tensor.shape[:2])
         return decode(tensor.data, kind, n, k)
@@ -330,8 +414,8 @@ def iter_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
         if permuted:
             q, k = unpermute(q, heads), unpermute(k, kv_heads)
         yield dict(
-            qkv=Blocks.cat([q, k, blocks(name.format("attn_v"))]),
+            qkv=fuse([q, k, blocks(name.format("attn_v"))]),
             o=blocks(name.format("attn_output")),
-            gate_up=Blocks.cat([blocks(name.format("ffn_gate")), blocks(name.format("ffn_up"))]),
+            gate_up=fuse([blocks(name.format("ffn_gate")), blocks(name.format("ffn_up"))]),
             down=blocks(name.format("ffn_down")),
         )

@@ -300,15 +300,15 @@ class Int8Forward {
   }
 
  private:
-  // (weight, step, fbgemm packed or None, bias or None, precise), or ("q4" | "q6" | "q8", packed, n, k, bias or None).
+  // (weight, step, fbgemm packed or None, bias or None, precise), or ("blocks", packed, n, k, bias or None, parts):
+  // a checkpoint's blocks, `parts` a list of (columns, bits, m stored) (make_q4_projection).
   Projection projection(const py::tuple& parts) {
     if (py::isinstance<py::str>(parts[0])) {
-      const std::string format = parts[0].cast<std::string>();
-      TORCH_CHECK((format == "q4" || format == "q6" || format == "q8") && parts.size() == 5, "unknown projection format ",
-                  format);
+      TORCH_CHECK(parts[0].cast<std::string>() == "blocks" && parts.size() == 6, "unknown projection format ",
+                  parts[0].cast<std::string>());
       auto bias = parts[4].is_none() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(parts[4].cast<at::Tensor>());
       return make_q4_projection(parts[1].cast<at::Tensor>(), parts[2].cast<int64_t>(), parts[3].cast<int64_t>(), bias,
-                                format == "q8" ? 8 : format == "q6" ? 6 : 4);
+                                parts[5].cast<std::vector<std::tuple<int64_t, int, bool>>>());
     }
     auto bias = parts[3].is_none() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(parts[3].cast<at::Tensor>());
     return make_projection(parts[0].cast<at::Tensor>(), parts[1].cast<at::Tensor>(), parts[2], bias,

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -123,12 +124,21 @@ struct Workspace {
   std::vector<int32_t> group_half;  // [rows, K / 32, 2] 6-bit projections: the sums over each half of a group
 };
 
+// Columns [first, first + n) of a projection on a checkpoint's blocks, all of one format, packed from byte `offset`
+// of its blocks (gemm_q4.h's layout). A fused projection whose parts the file stores in different formats (a
+// Q4_K q and k beside a Q6_K v, as in Q4_K_M files) has one per part; each computes its own columns, so the bits of a
+// column do not depend on the others.
+struct Q4Part {
+  int64_t offset = 0, first = 0, n = 0;
+  int bits = 4;    // 4 (Q4_0 / Q4_1), 6 (Q6_K) or 8 (Q8_0)
+  bool m = false;  // 4 bits: whether m is stored
+};
+
 // One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
 // checkpoint's 4-bit blocks (gemm_q4.h) against activations quantized per group of 32.
 struct Projection {
   at::Tensor q4;        // the packed 4-, 6- or 8-bit blocks (gemm_q4.h), uint8; undefined for an int8 projection
-  int q4_bits = 4;      // 4 (Q4_0 / Q4_1), 6 (Q6_K) or 8 (Q8_0)
-  bool q4_m = false;    // 4 bits: whether m is stored
+  std::vector<Q4Part> q4_parts;  // their formats by column range (one, unless the parts' formats differ)
   at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)
   at::Tensor scale;     // [N] float32 step / 127
   at::Tensor own;       // paradecode's packed weight (gemm.h), uint8
@@ -142,9 +152,12 @@ struct Projection {
   int64_t out_features() const { return n; }
   bool is_q4() const { return q4.defined(); }
   int64_t row_bytes() const { return is_q4() ? k : packed_quads(k) * 4; }
-  PackedQ4 q4_weights() const {
-    return {q4.data_ptr<uint8_t>(), n, k, k / kQ4Group, (n + kBlockCols - 1) / kBlockCols,
-            q4_group_bytes(q4_m, q4_bits)};
+  PackedQ4 q4_weights(const Q4Part& part) const {
+    return {q4.data_ptr<uint8_t>() + part.offset, part.n, k, k / kQ4Group, (part.n + kBlockCols - 1) / kBlockCols,
+            q4_group_bytes(part.m, part.bits)};
+  }
+  bool q4_halves() const {  // whether a 6-bit part needs the activations' sums over each half of a group
+    return std::any_of(q4_parts.begin(), q4_parts.end(), [](const Q4Part& part) { return part.bits == 6; });
   }
   PackedInt8 own_weights() const {
     return {own.data_ptr<uint8_t>(), own_scale.data_ptr<float>(), n, k, packed_quads(k), own_scale.size(0) / kBlockCols};
@@ -158,7 +171,7 @@ struct Projection {
       ws.amax.assign(t, 1.f);
       ws.group_scale.resize(t * groups);
       ws.group_sum.resize(t * groups);
-      const bool halves = q4_bits == 6;
+      const bool halves = q4_halves();
       if (halves) ws.group_half.resize(2 * t * groups);
       at::parallel_for(0, t, kRowGrain, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
@@ -207,16 +220,18 @@ struct Projection {
       const bool amx = kernel == kAmx;
       const int64_t readable = amx ? q4_amx_padded_rows(rows) * k : 0;  // the tiles load whole tiles of rows
       if (static_cast<int64_t>(ws.q.size()) < readable) ws.q.resize(readable);
-      const PackedQ4 w = q4_weights();
       const Q4Rows x{ws.q.data(), ws.group_scale.data(), ws.group_sum.data(), k, k / kQ4Group,
-                     q4_bits == 6 ? ws.group_half.data() : nullptr};
-      float* y = into != nullptr ? into : ws.y.data();
+                     q4_halves() ? ws.group_half.data() : nullptr};
       const bool interleaved = kernel == kInterleaved;
-      parallel_blocks(w.blocks, amx ? q4_amx_tile_blocks(rows) : q4_tile_blocks(), [&](int64_t b0, int64_t b1) {
-        float spill[kMaxTileRows * kBlockCols];
-        if (amx) q4_amx_gemm(w, x, rows, y, n, b0, b1, spill);
-        else q4_gemm(w, x, rows, y, n, b0, b1, spill, interleaved);
-      });
+      for (const Q4Part& part : q4_parts) {
+        const PackedQ4 w = q4_weights(part);
+        float* y = (into != nullptr ? into : ws.y.data()) + part.first;
+        parallel_blocks(w.blocks, amx ? q4_amx_tile_blocks(rows) : q4_tile_blocks(), [&](int64_t b0, int64_t b1) {
+          float spill[kMaxTileRows * kBlockCols];
+          if (amx) q4_amx_gemm(w, x, rows, y, n, b0, b1, spill);
+          else q4_gemm(w, x, rows, y, n, b0, b1, spill, interleaved);
+        });
+      }
     } else if (kernel == kFbgemm && packed) {
       at::Tensor qf = at::empty({rows, k}, at::kFloat);
       float* dst = qf.data_ptr<float>();
@@ -482,21 +497,26 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
 }
 
 // A projection on a checkpoint's blocks: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32;
-// of 256 for 6 bits) of `bits` bits (4: with m or without, told apart by the size; 6: Q6_K; 8: Q8_0).
+// of 256 for 6 bits), its columns in parts of (columns, bits, m stored) one after the other (bits 4: Q4_0 / Q4_1;
+// 6: Q6_K; 8: Q8_0), each part packed after the one before.
 inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias,
-                                     int bits = 4) {
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "block weights have 4, 6 or 8 bits, not ", bits);
-  const bool with_m = bits == 4 && packed.numel() == q4_packed_bytes(n, k, true);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && k % (bits == 6 ? 256 : kQ4Group) == 0 &&
-                  packed.numel() == q4_packed_bytes(n, k, with_m, bits),
-              "a ", bits, "-bit weight must be a contiguous uint8 tensor of q4_packed_bytes(n, k, with_m, bits) "
-              "bytes, k a multiple of 32 (256 for 6 bits)");
+                                     const std::vector<std::tuple<int64_t, int, bool>>& parts) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "block weights must be contiguous uint8");
   Projection p;
   p.n = n;
   p.k = k;
   p.q4 = packed;
-  p.q4_bits = bits;
-  p.q4_m = with_m;
+  int64_t offset = 0, first = 0;
+  for (const auto& [columns, bits, with_m] : parts) {
+    TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "block weights have 4, 6 or 8 bits, not ", bits);
+    TORCH_CHECK(k % (bits == 6 ? 256 : kQ4Group) == 0 && (bits == 4 || !with_m),
+                "k must be a multiple of 32 (256 for 6 bits), and only 4-bit blocks store m");
+    p.q4_parts.push_back({offset, first, columns, bits, with_m});
+    offset += q4_packed_bytes(columns, k, with_m, bits);
+    first += columns;
+  }
+  TORCH_CHECK(first == n && packed.numel() == offset,
+              "the parts must cover the n columns and the packed bytes (q4_packed_bytes of each part)");
   if (bias) p.bias = bias->to(at::kFloat).contiguous();
   return p;
 }

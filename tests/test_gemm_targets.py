@@ -102,8 +102,9 @@ def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
 # acc = mul_add(a, mul_add(d, float(sum q p), m * psum), acc) (lanes.h: fused where the target has FMA), groups in
 # order, with q the 4-bit nibbles (m stored, or Q4_0's -8 d) or Q8_0's bytes plus 128 (m = -128 d); and Q6_K's
 # 6-bit q: per sub-block of 16, T = sc (sum q p - 32 sum p), inner = mul_add(a, T, inner), and per 256 inputs
-# acc = mul_add(d, inner, acc). The 8-bit path on AVX2 splits each byte into nibbles (its byte products would
-# overflow 16 bits), which is what this test guards, with the 6-bit high bits' placement.
+# acc = mul_add(d, inner, acc); and Q4_K's nibbles with d = d256 * sc and m = dmin256 * -mn per group (exact
+# products, then Q4_1's steps). The 8-bit path on AVX2 splits each byte into nibbles (its byte products would
+# overflow 16 bits), which is what this test guards, with the 6-bit high bits' and Q4_K's scales' placement.
 BLOCK_SOURCE = r"""
 #include "gemm_q4.h"
 #include <cmath>
@@ -115,21 +116,23 @@ int main() {
   auto next = [&] { state = state * 1664525u + 1013904223u; return state >> 8; };
   const int64_t shapes[][2] = {{40, 64}, {16, 32}, {200, 96}, {40, 256}, {24, 512}};
   const int64_t rows_list[] = {1, 2, 3, 4, 5, 8, 17};
-  const int formats[][2] = {{4, 1}, {4, 0}, {8, 0}, {6, 0}};  // bits, m stored
+  const int formats[][2] = {{4, 1}, {4, 0}, {8, 0}, {6, 0}, {kQ4K, 0}};  // bits (or Q4_K's id), m stored
   int bad = 0, checked = 0;
   for (auto& f : formats)
     for (auto& s : shapes) {
       const int bits = f[0];
       const bool with_m = f[1];
       const int64_t n = s[0], k = s[1], groups = k / kQ4Group, blocks = (n + kBlockCols - 1) / kBlockCols;
-      if (bits == 6 ? k % 256 != 0 : k > 128) continue;
+      if (bits == 6 || bits == kQ4K ? k % 256 != 0 : k > 128) continue;
       const int64_t gb = q4_group_bytes(with_m, bits);
       std::vector<uint8_t> packed(q4_packed_bytes(n, k, with_m, bits), 0);
       std::vector<int> q(blocks * kBlockCols * k), sc(blocks * kBlockCols * k / 16);
-      std::vector<float> d(blocks * kBlockCols * groups), m(d.size());
+      std::vector<float> d(blocks * kBlockCols * groups), m(d.size()), super_d(blocks * kBlockCols), super_m(super_d.size());
       for (int64_t b = 0; b < blocks; ++b)
         for (int64_t g = 0; g < groups; ++g) {
-          uint8_t* group = packed.data() + b * groups * gb + (bits == 6 ? (g / 8) * 3360 + (g % 8) * 416 : g * gb);
+          uint8_t* block = packed.data() + b * groups * gb;
+          uint8_t* group = block + (bits == 6 ? (g / 8) * 3360 + (g % 8) * 416
+                                    : bits == kQ4K ? (g / 8) * 2368 + (g % 8) * 288 : g * gb);
           for (int64_t c = 0; c < kBlockCols; ++c) {
             const int64_t col = b * kBlockCols + c;
             for (int64_t i = 0; i < kQ4Group; ++i) {
@@ -154,6 +157,22 @@ int main() {
                 std::memcpy(packed.data() + b * groups * gb + (g / 8) * 3360 + 3328 + 2 * c, &dh, 2);
                 for (int64_t h = g; h < g + 8; ++h) d[col * groups + h] = from_half(dh);
               }
+              continue;
+            }
+            if (bits == kQ4K) {  // sc and mn per group; d and dmin per 256 inputs
+              if (g % 8 == 0) {
+                const half dh = to_half(1e-4f * static_cast<float>(1 + next() % 1000));
+                const half mh = to_half(1e-3f * static_cast<float>(next() % 1000));
+                std::memcpy(block + (g / 8) * 2368 + 2304 + 2 * c, &dh, 2);
+                std::memcpy(block + (g / 8) * 2368 + 2336 + 2 * c, &mh, 2);
+                super_d[col] = from_half(dh);
+                super_m[col] = from_half(mh);
+              }
+              const int scale_g = static_cast<int>(next() % 64), min_g = static_cast<int>(next() % 64);
+              group[256 + c] = static_cast<uint8_t>(scale_g);
+              group[272 + c] = static_cast<uint8_t>(min_g);
+              d[col * groups + g] = super_d[col] * static_cast<float>(scale_g);
+              m[col * groups + g] = super_m[col] * -static_cast<float>(min_g);
               continue;
             }
             const half dh = to_half(1e-3f * static_cast<float>(1 + next() % 1000));

@@ -10,13 +10,12 @@ run in the same kernel as 8-bit ``q + 128`` with ``m = -128 d``, and Q6_K blocks
 256) keep their 6 bits there. The LM head is the file's too where its type is one of these (the embedding, Q8_0 in
 the shipped SmolLM2 file; Q6_K in most Q4_0 and Q4_K_M files); otherwise the int8 backend's.
 
-Two types of K-quant files are converted as they are read (``decode``). Q5_0 (``w = d (q - 16)``, q in 0..31) is
-a Q8_0 block exactly (the same d, ``q - 16`` as its int8): the same weights, 8.5 bits each instead of 5.5. Q4_K
-(per 256 weights a half-float ``d`` and ``dmin``, per 32 a 6-bit scale ``sc`` and min ``mn``: ``w = d sc q - dmin
-mn``, q in 0..15) is a Q4_1 block per 32 weights with ``d' = d sc`` and ``m' = -dmin mn``, each rounded to a half
-float (both are exact in float32; a half keeps 11 of their up to 17 significant bits, so a weight moves by at most
-2^-11 of its group's scale and min: ~60x less than the 4-bit step itself); 5 bits a weight instead of 4.5. Other
-types (Q5_1, Q5_K, Q3_K, ...) run on the int8 dtype.
+Q4_K blocks (the main type of Q4_K_M files: per 256 weights a half-float ``d`` and ``dmin``, per 32 a 6-bit scale
+``sc`` and min ``mn``: ``w = d sc q - dmin mn``, q in 0..15) run as stored too, 4.625 bits a weight (the kernel forms
+``d sc`` and ``-dmin mn`` per group, exact products, and takes Q4_1's float steps). Q5_0 blocks (``w = d (q - 16)``,
+q in 0..31, which K-quant files use where rows are no multiple of 256) are read as Q8_0 blocks, exactly the same
+weights (the same d, ``q - 16`` as the int8), at 8.5 bits each instead of 5.5. Other types (Q5_1, Q5_K, Q3_K, ...)
+run on the int8 dtype.
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ GROUP = 32  # weights per block of the checkpoint, and inputs per activation sca
 BLOCK_COLS = 16
 # bytes per block of the types q4 runs (32 weights; the K-quants 256), and the kernel width each runs at
 BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q6_K": 210, "Q5_0": 22, "Q4_K": 144}
-BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6, "Q5_0": 8, "Q4_K": 4}
+Q4K = 14  # Q4_K's format id where the others have their width (gemm_q4.h's kQ4K)
+BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6, "Q5_0": 8, "Q4_K": Q4K}
 SUPPORTED = "Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0"  # for error messages
 SUPER = 256  # weights per K-quant block (Q6_K: a d for 16 sub-blocks of 16, each with an int8 scale)
 IMPLIED_M = {4: -8, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q8_0)
@@ -46,7 +46,9 @@ FORMAT = 3  # bump when the packed layout (or the kept copy's metadata) changes 
 class Blocks:
     """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, or 0..255 for 8 bits: Q8_0's q + 128),
     d and m [n, k / 32] (float16; m float32 for 8 bits, where it is -128 d). 6 bits (Q6_K): q in 0..63 (w =
-    d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty)."""
+    d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty). Q4_K (``bits`` Q4K): q
+    in 0..15 (w = d sc q - dmin mn), d and m [n, k / 256] (float16: d and dmin), ``scales`` [n, k / 32, 2] uint8
+    (sc, mn)."""
 
     q: torch.Tensor
     d: torch.Tensor
@@ -61,6 +63,10 @@ class Blocks:
     def dequantize(self) -> torch.Tensor:
         """[n, k] float32: d q + m per block (Q6_K: d scale (q - 32)), as gguf computes it."""
         n, k = self.shape
+        if self.bits == Q4K:  # d sc q - dmin mn, in gguf's order of float32 operations
+            sc, mn = (self.scales[..., i].float().reshape(n, k // SUPER, 8) for i in (0, 1))
+            step, low = (self.d.float()[..., None] * sc).reshape(n, -1), (self.m.float()[..., None] * mn).reshape(n, -1)
+            return (step[..., None] * self.q.float().reshape(n, k // GROUP, GROUP) - low[..., None]).reshape(n, k)
         if self.bits == 6:
             step = (self.d.float()[..., None] * self.scales.float().reshape(n, k // SUPER, 16)).reshape(n, k // 16)
             return (step[..., None] * (self.q.float() - 32).reshape(n, k // 16, 16)).reshape(n, k)
@@ -71,6 +77,8 @@ class Blocks:
     def m_is_implied(self) -> bool:
         """Whether every m is the multiple of d the kernel computes (Q4_0's -8 d, Q8_0's -128 d; Q6_K has none),
         so m need not be stored."""
+        if self.bits == Q4K:
+            return False
         return self.bits == 6 or torch.equal(self.m.float(), self.d.float() * IMPLIED_M[self.bits])
 
     def rows(self, index: torch.Tensor) -> Blocks:
@@ -122,7 +130,7 @@ def fuse(parts: list[Blocks]) -> Blocks | Fused:
 
 def packed_bytes(n: int, k: int, bits: int, with_m: bool) -> int:
     """Bytes of an [n, k] weight in gemm_q4.h's layout (q4_packed_bytes there)."""
-    group = {8: 544, 6: 420}.get(bits, 320 if with_m else 288)
+    group = {8: 544, 6: 420, Q4K: 296}.get(bits, 320 if with_m else 288)
     return -(-n // BLOCK_COLS) * (k // GROUP) * group
 
 
@@ -168,26 +176,19 @@ def _decode_q6_k(blocks: np.ndarray, n: int, k: int) -> Blocks:
 
 
 def _decode_q4_k(blocks: np.ndarray, n: int, k: int) -> Blocks:
-    """Q4_K blocks [n, k / 256, 144] (d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: byte i of
-    chunk c holds weight 64 c + i low, 64 c + 32 + i high) as Q4_1 blocks: d' = d sc and m' = -dmin mn per 32
-    weights, rounded to half floats (the module's docstring says what that costs)."""
+    """Q4_K blocks [n, k / 256, 144]: d, dmin, 12 bytes of 6-bit scales and mins (unpacked by gguf's own code),
+    128 bytes of nibbles (byte i of chunk c: weight 64 c + i low, 64 c + 32 + i high)."""
     from gguf.quants import Q4_K
 
     supers = k // SUPER
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)  # [n, supers, 1]
-    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-    sc, mn = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [n * supers, 8] each: gguf's own unpacking
-    exact_d = d * sc.reshape(n, supers, 8).astype(np.float32)  # products of an 11-bit d and a 6-bit integer: exact
-    exact_m = -(dmin * mn.reshape(n, supers, 8).astype(np.float32))
-    with np.errstate(over="ignore"):
-        half_d, half_m = exact_d.astype(np.float16), exact_m.astype(np.float16)
-    if not (np.isfinite(half_d).all() and np.isfinite(half_m).all()) and np.isfinite(exact_d).all():
-        raise ParadecodeError("a Q4_K block's scale is beyond a half float's range, so dtype q4 cannot hold it: use "
-                              "--dtype int8.")
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]  # [n, supers]
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    sc, mn = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [n * supers, 8] each
+    scales = np.stack([sc, mn], axis=-1).reshape(n, k // GROUP, 2)
     nibbles = blocks[..., 16:].reshape(n, supers, 4, 32)
     q = np.stack([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(n, k)  # [n, super, chunk, low/high, 32]
-    return Blocks(torch.from_numpy(q), torch.from_numpy(half_d.reshape(n, k // GROUP).copy()),
-                  torch.from_numpy(half_m.reshape(n, k // GROUP).copy()))
+    return Blocks(torch.from_numpy(q), torch.from_numpy(d.copy()), torch.from_numpy(dmin.copy()), bits=Q4K,
+                  scales=torch.from_numpy(scales.astype(np.uint8)))
 
 
 def _pack_q6(blocks: Blocks) -> torch.Tensor:
@@ -216,16 +217,43 @@ def _pack_q6(blocks: Blocks) -> torch.Tensor:
     return torch.cat([packed, dq], dim=2).reshape(-1).contiguous()
 
 
+def _nibbles(q: torch.Tensor, b: int, groups: int) -> torch.Tensor:
+    """[b, groups, 256]: the 4-bit layout's bytes of q [16 b, k] (vector j, column c, byte i: input 8 j + i in the low
+    nibble, 8 j + 4 + i in the high one)."""
+    q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
+    return (q[..., 0, :] | (q[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
+
+
+def _pack_q4_k(blocks: Blocks) -> torch.Tensor:
+    """gemm_q4.h's Q4_K layout: per 16 columns and 256 inputs, 8 groups of 288 bytes (the 4-bit layout's 256, the
+    16 columns' sc, their mn), then the 16 columns' d and dmin (half floats)."""
+    n, k = blocks.shape
+    columns = -(-n // BLOCK_COLS) * BLOCK_COLS
+    b, groups, supers = columns // BLOCK_COLS, k // GROUP, k // SUPER
+    q = torch.zeros(columns, k, dtype=torch.uint8)
+    q[:n] = blocks.q
+    scales = torch.zeros(columns, groups, 2, dtype=torch.uint8)
+    scales[:n] = blocks.scales
+    sc, mn = (scales[..., i].reshape(b, BLOCK_COLS, groups).permute(0, 2, 1) for i in (0, 1))  # [block, group, col]
+    packed = torch.cat([_nibbles(q, b, groups), sc, mn], dim=2).reshape(b, supers, 8 * 288)
+    halves = []
+    for x in (blocks.d, blocks.m):
+        padded = torch.zeros(columns, supers, dtype=torch.float16)
+        padded[:n] = x
+        halves.append(padded.reshape(b, BLOCK_COLS, supers).permute(0, 2, 1).contiguous().view(torch.uint8))
+    return torch.cat([packed, *halves], dim=2).reshape(-1).contiguous()
+
+
 def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     """The native kernel's layout (gemm_q4.h): per 16 columns and 32 inputs, 256 bytes of nibbles (vector j,
     column c, byte i: input 8j+i low, 8j+4+i high) or, for 8 bits, 512 bytes (vector v, column c, byte i: input
     4v+i), then the 16 columns' d and, unless every m is the implied one (Q4_0's -8 d, Q8_0's -128 d: the kernel
     computes it, to the same bits), m as half floats. ``with_m`` forces m in or out (out only where every m is
-    implied; 8-bit blocks never store m). 6-bit blocks: ``_pack_q6``."""
-    if blocks.bits == 6:
+    implied; 8-bit blocks never store m). 6-bit blocks: ``_pack_q6``; Q4_K: ``_pack_q4_k``."""
+    if blocks.bits in (6, Q4K):
         if with_m:
-            raise ValueError("6-bit blocks store no m")
-        return _pack_q6(blocks)
+            raise ValueError("6-bit and Q4_K blocks store no m")
+        return _pack_q6(blocks) if blocks.bits == 6 else _pack_q4_k(blocks)
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
     groups = k // GROUP
@@ -239,9 +267,7 @@ def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
         quants = q.reshape(b, BLOCK_COLS, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(b, groups, 512)
     else:
         m[:n] = blocks.m
-        q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
-        nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [block, column, group, j, i]
-        quants = nibbles.permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
+        quants = _nibbles(q, b, groups)
     if with_m is None:
         with_m = not blocks.m_is_implied
     if with_m and blocks.bits == 8:
@@ -274,7 +300,7 @@ class Q4Linear:
         n, k = blocks.shape
         if isinstance(blocks, Blocks):
             return cls(pack(blocks), n, k, bias, blocks.bits)
-        parts = [(part.shape[0], part.bits, not part.m_is_implied) for part in blocks.parts]
+        parts = [(part.shape[0], part.bits, part.bits == 4 and not part.m_is_implied) for part in blocks.parts]
         return cls(torch.cat([pack(part) for part in blocks.parts]), n, k, bias, 0, tuple(parts))
 
     def with_bias(self, bias: torch.Tensor | None) -> Q4Linear:
@@ -287,7 +313,8 @@ class Q4Linear:
 
     def parts(self) -> tuple:
         """What the native forward takes of a block projection."""
-        layout = self.layout or ((self.n, self.bits, self.packed.numel() == packed_bytes(self.n, self.k, 4, True)),)
+        with_m = self.bits == 4 and self.packed.numel() == packed_bytes(self.n, self.k, 4, True)
+        layout = self.layout or ((self.n, self.bits, with_m),)
         return "blocks", self.packed, self.n, self.k, self.bias, [tuple(part) for part in layout]
 
 

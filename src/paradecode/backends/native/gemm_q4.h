@@ -36,6 +36,13 @@
 // columns and 256 inputs, the file's 0.82 bytes per weight. Per sub-block s the exact integer
 // T = sc_s * (sum q p - 32 sum p) (the activations' sums over 16 inputs come with them: Q4Rows::half_sum), then
 // per row, in order: inner = fma(a_g, T_s, inner) per sub-block, and per 256 inputs acc = fma(d, inner, acc).
+//
+// Q4_K blocks (256 weights of a column: half-float d and dmin, and per 32 weights a 6-bit scale sc and min mn: w =
+// d sc q - dmin mn, q in 0..15) are Q4_1 blocks with d' = d sc and m' = -dmin mn, both exact float products (an
+// 11-bit d times a 6-bit integer), computed as the tile needs them: the same float steps as Q4_1's on the file's own
+// weights. Per 16 columns and 256 inputs, 2,368 bytes (4.625 bits a weight, the file's 4.5): per group the 4-bit
+// layout's 256 bytes, then the 16 columns' sc and their mn (uint8); after 8 groups the 16 columns' d, then dmin.
+// Its format id kQ4K stands where the others' bit widths do.
 #pragma once
 
 #include <algorithm>
@@ -54,6 +61,10 @@ constexpr int64_t kQ8GroupBytes = 544;     // 8-bit weights (Q8_0: m = -128 d, n
 constexpr int64_t kQ6GroupBytes = 416;     // 6-bit weights (Q6_K) per group, and per 8 groups their d:
 constexpr int64_t kQ6SuperBytes = 8 * kQ6GroupBytes + 32;  // 3,360 bytes per 256 inputs,
 constexpr int64_t kQ6MeanGroupBytes = kQ6SuperBytes / 8;   // 420 on average per group (PackedQ4::group_bytes)
+constexpr int kQ4K = 14;                     // Q4_K's format id (4-bit weights, scale and min per 32), not a width
+constexpr int64_t kQ4KGroupBytes = 288;      // per group: nibbles, the 16 columns' sc, their mn
+constexpr int64_t kQ4KSuperBytes = 8 * kQ4KGroupBytes + 64;  // and per 256 inputs d and dmin: 2,368 bytes,
+constexpr int64_t kQ4KMeanGroupBytes = kQ4KSuperBytes / 8;   // 296 on average per group
 // With several rows, ask for the weights this far ahead (~4 KiB per block). One row reads faster without: its
 // multiply-adds keep up with the memory, and the requests only compete with the prefetchers' own. AMD EPYC Zen 4,
 // 2 threads, the forms alternating pass by pass in one process (greedy, 256-token context, medians of the per-pass
@@ -66,20 +77,32 @@ struct PackedQ4 {
   const uint8_t* data;  // [blocks][groups][group_bytes]
   int64_t n, k, groups, blocks;
   int64_t group_bytes = kQ4GroupBytes;  // kQ4GroupBytes, kQ4GroupBytesNoM where m = -8 d is not stored,
-                                       // kQ8GroupBytes for 8-bit weights or kQ6MeanGroupBytes for 6-bit ones
-  bool has_m() const { return group_bytes == kQ4GroupBytes; }
-  int bits() const { return group_bytes == kQ8GroupBytes ? 8 : group_bytes == kQ6MeanGroupBytes ? 6 : 4; }
+                                       // kQ8GroupBytes for 8-bit weights, kQ6MeanGroupBytes for 6-bit ones or
+                                       // kQ4KMeanGroupBytes for Q4_K
+  bool has_m() const { return group_bytes == kQ4GroupBytes; }  // 4 bits (Q4_0 / Q4_1): whether m is stored
+  int bits() const {  // 4, 6, 8 or kQ4K
+    return group_bytes == kQ8GroupBytes        ? 8
+           : group_bytes == kQ6MeanGroupBytes  ? 6
+           : group_bytes == kQ4KMeanGroupBytes ? kQ4K
+                                               : 4;
+  }
 };
 
-// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 8: never m; 6: on average).
+// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 8: never m; 6 and kQ4K: on
+// average).
 constexpr int64_t q4_group_bytes(bool with_m, int bits = 4) {
-  return bits == 8 ? kQ8GroupBytes : bits == 6 ? kQ6MeanGroupBytes : with_m ? kQ4GroupBytes : kQ4GroupBytesNoM;
+  return bits == 8      ? kQ8GroupBytes
+         : bits == 6    ? kQ6MeanGroupBytes
+         : bits == kQ4K ? kQ4KMeanGroupBytes
+         : with_m       ? kQ4GroupBytes
+                        : kQ4GroupBytesNoM;
 }
 
 // Where group g of a column block starts within it.
 template <int Bits>
 inline int64_t q_group_offset(int64_t g, int64_t group_bytes) {
   if constexpr (Bits == 6) return (g >> 3) * kQ6SuperBytes + (g & 7) * kQ6GroupBytes;
+  if constexpr (Bits == kQ4K) return (g >> 3) * kQ4KSuperBytes + (g & 7) * kQ4KGroupBytes;
   return g * group_bytes;
 }
 
@@ -150,6 +173,15 @@ inline void q4_finish_scalar(float d, float m, int32_t qsum, float a, float psum
   acc = mul_add(a, mul_add(d, static_cast<float>(qsum), m * psum), acc);
 }
 
+// Where a Q4_K column block's group g keeps its sc and mn (16 bytes each), and its 256 inputs' d and dmin (16 half
+// floats each).
+inline const uint8_t* q4k_group(const uint8_t* block, int64_t g) {
+  return block + (g >> 3) * kQ4KSuperBytes + (g & 7) * kQ4KGroupBytes;
+}
+inline const uint8_t* q4k_super_scales(const uint8_t* block, int64_t g) {
+  return block + (g >> 3) * kQ4KSuperBytes + 8 * kQ4KGroupBytes;
+}
+
 #if defined(__AVX512F__)
 // A packed group's d and m of its 16 columns (`scales`: the group's bytes from kScalesAt); m = implied_m * d
 // without a stored m.
@@ -158,6 +190,18 @@ __attribute__((always_inline)) inline void q4_scales(const uint8_t* scales, bool
   d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
   m = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
             : _mm512_mul_ps(d, _mm512_set1_ps(implied_m));
+}
+
+// Q4_K: d' = d sc and m' = dmin (-mn) of group g's 16 columns in a column block (exact products).
+__attribute__((always_inline)) inline void q4k_scales(const uint8_t* block, int64_t g, __m512& d, __m512& m) {
+  const uint8_t* group = q4k_group(block, g) + 256;
+  const uint8_t* super = q4k_super_scales(block, g);
+  const auto bytes = [](const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  };
+  d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super))), bytes(group));
+  m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32))),
+                    _mm512_sub_ps(_mm512_setzero_ps(), bytes(group + 16)));
 }
 
 // q4_finish_scalar on 16 columns: out += a * (d * qsum + m * psum), in that order (every kernel's float step).
@@ -179,7 +223,7 @@ __attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i
 template <int MR, int NB, int Bits = 4>
 __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x,
                                                            float* acc) {
-  static_assert(Bits == 4 || Bits == 8 || Bits == 6, "4-, 6- or 8-bit weights");
+  static_assert(Bits == 4 || Bits == 8 || Bits == 6 || Bits == kQ4K, "4-, 6- or 8-bit weights, or Q4_K");
   const int64_t block_stride = w.groups * w.group_bytes;
   const uint8_t* base = w.data + b0 * block_stride + q_group_offset<Bits>(g, w.group_bytes);
   const bool has_m = Bits == 4 && w.has_m();
@@ -242,7 +286,8 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
   }
   if constexpr (Bits != 6) unroll<NB>([&](auto b) {
     __m512 d, m;
-    q4_scales(base + b * block_stride + kScalesAt<Bits>, has_m, kImpliedM<Bits>, d, m);
+    if constexpr (Bits == kQ4K) q4k_scales(w.data + (b0 + b) * block_stride, g, d, m);
+    else q4_scales(base + b * block_stride + kScalesAt<Bits>, has_m, kImpliedM<Bits>, d, m);
     unroll<MR>([&](auto r) {
       q4_finish(d, m, sums[r][b], _mm512_set1_ps(x.scale[r * x.group_stride + g]),
                 _mm512_set1_ps(x.sum[r * x.group_stride + g]), acc + (r * NB + b) * kBlockCols);
@@ -311,10 +356,24 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
     }
   }
   if constexpr (Bits != 6) unroll<2 * NB>([&](auto b) {
-    const uint8_t* scales = base + (b / 2) * block_stride + kScalesAt<Bits> + (b % 2) * 16;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-    const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
-                           : _mm256_mul_ps(d, _mm256_set1_ps(kImpliedM<Bits>));
+    __m256 d, m;
+    const auto halves = [](const uint8_t* p) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    };
+    if constexpr (Bits == kQ4K) {  // d sc and dmin (-mn), exact products
+      const uint8_t* block = w.data + (b0 + b / 2) * block_stride;
+      const uint8_t* group = q4k_group(block, g) + 256 + (b % 2) * 8;
+      const uint8_t* super = q4k_super_scales(block, g) + (b % 2) * 16;
+      const auto bytes = [](const uint8_t* p) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+      };
+      d = _mm256_mul_ps(halves(super), bytes(group));
+      m = _mm256_mul_ps(halves(super + 32), _mm256_sub_ps(_mm256_setzero_ps(), bytes(group + 16)));
+    } else {
+      const uint8_t* scales = base + (b / 2) * block_stride + kScalesAt<Bits> + (b % 2) * 16;
+      d = halves(scales);
+      m = has_m ? halves(scales + 32) : _mm256_mul_ps(d, _mm256_set1_ps(kImpliedM<Bits>));
+    }
     unroll<MR>([&](auto r) {
       const __m256 a = _mm256_set1_ps(x.scale[r * x.group_stride + g]);
       const __m256 psum = _mm256_set1_ps(x.sum[r * x.group_stride + g]);
@@ -363,10 +422,20 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
             }
           }
         half dh, mh;
-        std::memcpy(&dh, block + kScalesAt<Bits> + 2 * c, 2);
-        if (has_m) std::memcpy(&mh, block + 288 + 2 * c, 2);
-        const float m = has_m ? from_half(mh) : kImpliedM<Bits> * from_half(dh);
-        q4_finish_scalar(from_half(dh), m, qsum, a, psum, acc[(r * NB + b) * kBlockCols + c]);
+        float d, m;
+        if constexpr (Bits == kQ4K) {  // d sc and dmin (-mn), exact products
+          const uint8_t* whole = w.data + (b0 + b) * block_stride;
+          std::memcpy(&dh, q4k_super_scales(whole, g) + 2 * c, 2);
+          std::memcpy(&mh, q4k_super_scales(whole, g) + 32 + 2 * c, 2);
+          d = from_half(dh) * static_cast<float>(q4k_group(whole, g)[256 + c]);
+          m = from_half(mh) * -static_cast<float>(q4k_group(whole, g)[272 + c]);
+        } else {
+          std::memcpy(&dh, block + kScalesAt<Bits> + 2 * c, 2);
+          if (has_m) std::memcpy(&mh, block + 288 + 2 * c, 2);
+          d = from_half(dh);
+          m = has_m ? from_half(mh) : kImpliedM<Bits> * from_half(dh);
+        }
+        q4_finish_scalar(d, m, qsum, a, psum, acc[(r * NB + b) * kBlockCols + c]);
       }
     }
   }
@@ -492,6 +561,7 @@ inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, 
                     int64_t b1, float* spill, bool interleaved = false) {
   if (w.bits() == 8) return q4_gemm_bits<8>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
   if (w.bits() == 6) return q4_gemm_bits<6>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
+  if (w.bits() == kQ4K) return q4_gemm_bits<kQ4K>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
   q4_gemm_bits<4>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
 }
 

@@ -130,7 +130,7 @@ struct Workspace {
 // column do not depend on the others.
 struct Q4Part {
   int64_t offset = 0, first = 0, n = 0;
-  int bits = 4;    // 4 (Q4_0 / Q4_1), 6 (Q6_K) or 8 (Q8_0)
+  int bits = 4;    // 4 (Q4_0 / Q4_1), 6 (Q6_K), 8 (Q8_0) or kQ4K (Q4_K)
   bool m = false;  // 4 bits: whether m is stored
 };
 
@@ -508,9 +508,10 @@ inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, st
   p.q4 = packed;
   int64_t offset = 0, first = 0;
   for (const auto& [columns, bits, with_m] : parts) {
-    TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "block weights have 4, 6 or 8 bits, not ", bits);
-    TORCH_CHECK(k % (bits == 6 ? 256 : kQ4Group) == 0 && (bits == 4 || !with_m),
-                "k must be a multiple of 32 (256 for 6 bits), and only 4-bit blocks store m");
+    TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || bits == kQ4K, "block weights have 4, 6 or 8 bits or are Q4_K (",
+                kQ4K, "), not ", bits);
+    TORCH_CHECK(k % (bits == 6 || bits == kQ4K ? 256 : kQ4Group) == 0 && (bits == 4 || !with_m),
+                "k must be a multiple of 32 (256 for 6 bits and Q4_K), and only 4-bit blocks store m");
     p.q4_parts.push_back({offset, first, columns, bits, with_m});
     offset += q4_packed_bytes(columns, k, with_m, bits);
     first += columns;

@@ -53,15 +53,15 @@ def cache_dir() -> Path:
     return cache_root() / "synthetic"
 
 
-def gguf_path(size: str) -> Path:
+def gguf_path(size: str, quant: str = "q4_0") -> Path:
     if size == REAL:
         from paradecode.models import BUILTIN_MODELS
 
         return BUILTIN_MODELS["smollm2-135m"].gguf()
-    return cache_dir() / f"synthetic-{size}-q4_0.gguf"
+    return cache_dir() / f"synthetic-{size}-{quant}.gguf"
 
 
-def load_ours(size: str, dtype: str):
+def load_ours(size: str, dtype: str, quant: str = "q4_0"):
     """Our backend of ``size`` on ``dtype``, with a cache for the CONTEXT and the longest pass."""
     max_length = CONTEXT + max(SIZES_T) + 64
     if size == REAL:
@@ -70,7 +70,7 @@ def load_ours(size: str, dtype: str):
         return paradecode.load("smollm2-135m", dtype=dtype, max_length=max_length).backend
     from paradecode import synthetic
 
-    return synthetic.load(gguf_path(size), synthetic.SHAPES[size], dtype, max_length, cache_dir() / "kernels")
+    return synthetic.load(gguf_path(size, quant), synthetic.SHAPES[size], dtype, max_length, cache_dir() / "kernels")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -83,7 +83,7 @@ def serve(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(int(os.environ.get("PARADECODE_THREADS", "2")))
     start = time.perf_counter()
-    backend = load_ours(args.size, args.dtype)
+    backend = load_ours(args.size, args.dtype, args.quant)
     print(json.dumps(dict(load_s=time.perf_counter() - start, weight_bytes=backend.weight_bytes,
                           kernels=backend.kernel_report().get("choice"))), flush=True)
     for _ in sys.stdin:
@@ -97,9 +97,9 @@ class Ours:
     """A child process holding our backend of one size and dtype, timed on request (loaded once: a 3B model
     takes a minute to load, and the rounds alternate with llama.cpp's)."""
 
-    def __init__(self, size: str, dtype: str, repeats: int, log: Path) -> None:
+    def __init__(self, size: str, dtype: str, repeats: int, log: Path, quant: str = "q4_0") -> None:
         self.log = log.open("a")
-        self.process = subprocess.Popen([sys.executable, __file__, "serve", size, dtype, str(repeats)], text=True,
+        self.process = subprocess.Popen([sys.executable, __file__, "serve", size, dtype, str(repeats), quant], text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
         self.info = self._reply()
 
@@ -177,16 +177,26 @@ def llama_binaries() -> dict[str, Path]:
 
 
 # -- orchestration --------------------------------------------------------------------------------------------------
+def results_quant_conflict(out: Path, quant: str) -> bool:
+    """Whether ``out`` already holds results of synthetic files of another layout."""
+    path = out / "results.json"
+    return path.is_file() and json.loads(path.read_text()).get("quant", "q4_0") != quant
+
+
 def run(args: argparse.Namespace) -> int:
     """Per size: write the file once, load ours (q4, and int8 where it fits) in children, then ``--rounds``
     rounds, each timing every engine in turn, so that the machine's drift falls on all of them alike."""
     from paradecode.profile import machine_report
     from paradecode.synthetic import SHAPES, write_gguf
 
+    if results_quant_conflict(Path(args.out), args.quant):
+        raise SystemExit(f"{args.out} holds a run of another --quant: use another --out")
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    results["quant"] = args.quant
     machine = machine_report()
     results.setdefault("machines", [])
     if machine not in results["machines"]:
@@ -202,13 +212,13 @@ def run(args: argparse.Namespace) -> int:
         if done and not args.force:
             print(f"{size}: done already ({len(done)} engines)", file=sys.stderr)
             continue
-        path = gguf_path(size)
+        path = gguf_path(size, args.quant)
         if size != REAL and not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             print(f"writing {path} ...", file=sys.stderr, flush=True)
             start = time.perf_counter()
             staging = path.with_suffix(".part")
-            write_gguf(SHAPES[size], staging)
+            write_gguf(SHAPES[size], staging, quant=args.quant)
             staging.replace(path)
             os.sync()  # the file's pages reach the disk now, not while something is being timed
             print(f"  written in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -222,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             print(f"{size}: loading ours {dtype} ...", file=sys.stderr, flush=True)
             try:
-                engines[f"ours {dtype}"] = Ours(size, dtype, args.repeats, out / "children.log")
+                engines[f"ours {dtype}"] = Ours(size, dtype, args.repeats, out / "children.log", args.quant)
             except RuntimeError as error:
                 rows[key] = dict(error=str(error), cpu=machine["cpu"])
                 print(f"  failed: {error}", file=sys.stderr)
@@ -492,11 +502,15 @@ def main() -> int:
     r.add_argument("--repeats", type=int, default=7, help="timed passes per T in a round; the median is kept")
     r.add_argument("--rounds", type=int, default=3, help="rounds over every engine; the report takes medians")
     r.add_argument("--force", action="store_true", help="time again what results.json already has")
+    r.add_argument("--quant", default="q4_0", choices=("q4_0", "q4_k_m"),
+                   help="the synthetic files' layout, as llama-quantize's type of that name (default q4_0; q4_k_m: "
+                        "Q4_K projections with Q6_K attn_v and ffn_down on some layers; 1b, 3b, 8b only)")
     r.set_defaults(run=run)
     c = commands.add_parser("serve", help=argparse.SUPPRESS)
     c.add_argument("size")
     c.add_argument("dtype", choices=("q4", "int8"))
     c.add_argument("repeats", type=int)
+    c.add_argument("quant", nargs="?", default="q4_0")
     c.set_defaults(run=serve)
     p = commands.add_parser("report", help="tables (and a plot) from a run's results.json")
     p.add_argument("folder")

@@ -100,7 +100,8 @@ def test_the_int8_gemm_is_exact_on_each_instruction_set(target, tmp_path):
 
 # The block GEMM (gemm_q4.h) on each target against its formula, to the bit: per column and group of 32 inputs,
 # acc = mul_add(a, mul_add(d, float(sum q p), m * psum), acc) (lanes.h: fused where the target has FMA), groups in
-# order, with q the 4-bit nibbles (m stored, or Q4_0's -8 d) or Q8_0's bytes plus 128 (m = -128 d); and Q6_K's
+# order, with q the 4-bit nibbles (m stored, or Q4_0's -8 d), Q5_0's 5 bits (m = -16 d) or Q8_0's bytes plus 128
+# (m = -128 d); and Q6_K's
 # 6-bit q: per sub-block of 16, T = sc (sum q p - 32 sum p), inner = mul_add(a, T, inner), and per 256 inputs
 # acc = mul_add(d, inner, acc); and Q4_K's nibbles with d = d256 * sc and m = dmin256 * -mn per group (exact
 # products, then Q4_1's steps). The 8-bit path on AVX2 splits each byte into nibbles (its byte products would
@@ -116,7 +117,7 @@ int main() {
   auto next = [&] { state = state * 1664525u + 1013904223u; return state >> 8; };
   const int64_t shapes[][2] = {{40, 64}, {16, 32}, {200, 96}, {40, 256}, {24, 512}};
   const int64_t rows_list[] = {1, 2, 3, 4, 5, 8, 17};
-  const int formats[][2] = {{4, 1}, {4, 0}, {8, 0}, {6, 0}, {kQ4K, 0}};  // bits (or Q4_K's id), m stored
+  const int formats[][2] = {{4, 1}, {4, 0}, {5, 0}, {8, 0}, {6, 0}, {kQ4K, 0}};  // bits (or Q4_K's id), m stored
   int bad = 0, checked = 0;
   for (auto& f : formats)
     for (auto& s : shapes) {
@@ -136,7 +137,7 @@ int main() {
           for (int64_t c = 0; c < kBlockCols; ++c) {
             const int64_t col = b * kBlockCols + c;
             for (int64_t i = 0; i < kQ4Group; ++i) {
-              const int v = static_cast<int>(next() % (bits == 8 ? 256 : bits == 6 ? 64 : 16));
+              const int v = static_cast<int>(next() % (bits == 8 ? 256 : bits == 6 ? 64 : bits == 5 ? 32 : 16));
               q[col * k + g * kQ4Group + i] = v;
               if (bits == 8) {
                 group[(i / 4) * 64 + c * 4 + i % 4] = static_cast<uint8_t>(v);
@@ -144,6 +145,8 @@ int main() {
                 group[(i / 8) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>(i % 8 < 4 ? (v & 15) : (v & 15) << 4);
                 if (bits == 6)  // high bits: vector i / 16, field (i % 16) / 4 of byte i % 4
                   group[256 + (i / 16) * 64 + c * 4 + i % 4] |= static_cast<uint8_t>((v >> 4) << (2 * ((i % 16) / 4)));
+                if (bits == 5)  // fifth bits: bit 2 (i / 8) + (i % 8) / 4 of byte i % 4
+                  group[256 + c * 4 + i % 4] |= static_cast<uint8_t>((v >> 4) << (2 * (i / 8) + (i % 8) / 4));
               }
             }
             if (bits == 6) {
@@ -177,10 +180,10 @@ int main() {
             }
             const half dh = to_half(1e-3f * static_cast<float>(1 + next() % 1000));
             const half mh = to_half(-1e-2f * static_cast<float>(next() % 1000));
-            std::memcpy(group + (bits == 8 ? 512 : 256) + 2 * c, &dh, 2);
+            std::memcpy(group + (bits == 8 ? 512 : bits == 5 ? 320 : 256) + 2 * c, &dh, 2);
             if (with_m) std::memcpy(group + 288 + 2 * c, &mh, 2);
             d[col * groups + g] = from_half(dh);
-            m[col * groups + g] = with_m ? from_half(mh) : (bits == 8 ? -128.f : -8.f) * from_half(dh);
+            m[col * groups + g] = with_m ? from_half(mh) : (bits == 8 ? -128.f : bits == 5 ? -16.f : -8.f) * from_half(dh);
           }
         }
       const PackedQ4 w{packed.data(), n, k, groups, blocks, gb};

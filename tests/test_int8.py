@@ -169,6 +169,23 @@ def test_quality_figures_are_zero_for_fp32_and_measured_for_int8():
     assert worse.top1_agreement < results["int8"].top1_agreement
 
 
+def test_a_quality_record_keeps_the_dtypes_a_later_run_left_out(tmp_path):
+    """Measuring q4 alone after int8 and q4 keeps int8's figures (same texts), replaces q4's; figures measured on
+    other texts (another reference perplexity) are dropped, and a damaged record is replaced."""
+    def run(reference: float, **ppl: float) -> list[quality.Quality]:
+        return [quality.Quality(dtype, 12, 6000, value, reference, 0.9) for dtype, value in ppl.items()]
+
+    path = quality.save(tmp_path, "m", run(20.0, fp32=20.0, int8=20.2, q4=20.1))
+    quality.save(tmp_path, "m", run(20.0, fp32=20.0, q4=20.05))
+    figures = quality.known(tmp_path, "m")
+    assert figures["int8"]["perplexity"] == 20.2 and figures["q4"]["perplexity"] == 20.05
+    quality.save(tmp_path, "m", run(30.0, fp32=30.0, q4=30.1))
+    assert "int8" not in quality.known(tmp_path, "m")
+    path.write_text("{damaged")
+    quality.save(tmp_path, "m", run(30.0, fp32=30.0, int8=30.3))
+    assert set(quality.known(tmp_path, "m")) == {"fp32", "int8"}
+
+
 class _WarmingBackend:
     """A backend whose passes cost 1 ms + 0.1 ms per token on a fake clock, the first 10 forwards of a process
     five times that (a machine that starts slow)."""

@@ -29,7 +29,8 @@ CALIBRATION = [list(range(1, 60)), [5, 9, 5, 9, 30, 31, 2, 2, 2, 47] * 4]
 # tile and single blocks), down over 3 groups; "deep": 4 groups per row, head_dim 64.
 SHAPES = {"small": dict(hidden_size=32, num_attention_heads=8, num_key_value_heads=1, intermediate_size=96),
           "deep": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)}
-KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q8_0": GGMLQuantizationType.Q8_0}
+KINDS = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q8_0": GGMLQuantizationType.Q8_0,
+         "Q5_0": GGMLQuantizationType.Q5_0}
 
 
 WIDE = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)  # Q6_K heads: 256
@@ -96,17 +97,17 @@ def test_blocks_decode_as_gguf_dequantizes_them(kind):
     raw = quants.quantize(weight.numpy(), KINDS[kind])
     blocks = q4.decode(raw, kind, 40, 96)
     assert blocks.bits == q4.BITS[kind] and blocks.shape == (40, 96)
-    assert blocks.q.max() <= (15 if kind != "Q8_0" else 255) and blocks.q.max() > 8
+    assert blocks.q.max() <= {"Q8_0": 255, "Q5_0": 31}.get(kind, 15) and blocks.q.max() > 8
     assert blocks.m_is_implied == (kind != "Q4_1")
     assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, KINDS[kind]))
 
 
-def test_q5_0_blocks_are_q8_0_blocks_of_the_same_weights():
-    """Q5_0 (w = d (q - 16), q in 0..31) is read as 8-bit blocks whose weights are gguf's dequantization, exactly."""
+def test_q5_0_blocks_decode_as_gguf_dequantizes_them():
+    """Q5_0 (w = d (q - 16), q in 0..31): 5-bit blocks with m = -16 d, gguf's weights exactly."""
     weight = torch.randn(40, 96) * torch.linspace(0.1, 3.0, 96)
     raw = quants.quantize(weight.numpy(), GGMLQuantizationType.Q5_0)
     blocks = q4.decode(raw, "Q5_0", 40, 96)
-    assert blocks.bits == 8 and blocks.m_is_implied and blocks.q.min() >= 112 and blocks.q.max() <= 143
+    assert blocks.bits == 5 and blocks.m_is_implied and blocks.q.max() == 31 and blocks.q.min() == 0
     assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, GGMLQuantizationType.Q5_0))
 
 
@@ -125,12 +126,13 @@ def test_q4_k_blocks_decode_as_gguf_dequantizes_them():
     assert np.array_equal(blocks.dequantize().numpy(), quants.dequantize(raw, GGMLQuantizationType.Q4_K))
 
 
-def test_a_fused_projection_of_q4_0_and_8_bit_parts_runs_at_8_bits_with_the_same_weights():
-    """A Q4_0 q beside a Q5_0 or Q8_0 v (as K-quant files mix them): the 4-bit part is widened, weights unchanged."""
-    parts = [blocks_of(torch.randn(16, 64), "Q4_0"), blocks_of(torch.randn(32, 64), "Q8_0")]
-    fused = q4.fuse(parts)
-    assert isinstance(fused, q4.Blocks) and fused.bits == 8 and fused.m_is_implied
-    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+def test_parts_of_one_type_fuse_into_one_blocks_and_of_several_into_a_fused():
+    same = q4.fuse([blocks_of(torch.randn(16, 64), "Q4_0"), blocks_of(torch.randn(32, 64), "Q4_0")])
+    assert isinstance(same, q4.Blocks) and same.shape == (48, 64)
+    parts = [blocks_of(torch.randn(16, 64), "Q5_0"), blocks_of(torch.randn(32, 64), "Q8_0")]
+    mixed = q4.fuse(parts)
+    assert isinstance(mixed, q4.Fused) and mixed.shape == (48, 64)
+    assert torch.equal(mixed.dequantize(), torch.cat([p.dequantize() for p in parts]))
 
 
 def test_q6_k_blocks_decode_as_gguf_dequantizes_them():
@@ -144,11 +146,11 @@ def test_q6_k_blocks_decode_as_gguf_dequantizes_them():
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_packing_puts_each_weight_where_the_kernel_reads_it(kind):
-    """Unpack the packed bytes by the layout gemm_q4.h documents and get every nibble (Q8_0: byte), d and m back
-    (Q4_0 and Q8_0 store no m: the kernel computes -8 d and -128 d)."""
+    """Unpack the packed bytes by the layout gemm_q4.h documents and get every nibble (Q8_0: byte; Q5_0: with its
+    fifth bit), d and m back (Q4_0, Q5_0 and Q8_0 store no m: the kernel computes -8 d, -16 d and -128 d)."""
     blocks = blocks_of(torch.randn(40, 64), kind)
-    group_bytes = {"Q4_0": 288, "Q4_1": 320, "Q8_0": 544}[kind]
-    scales = 512 if kind == "Q8_0" else 256
+    group_bytes = {"Q4_0": 288, "Q4_1": 320, "Q8_0": 544, "Q5_0": 352}[kind]
+    scales = {"Q8_0": 512, "Q5_0": 320}.get(kind, 256)
     packed = q4.pack(blocks).reshape(3, 2, group_bytes)  # 3 blocks of 16 columns (the last one partial), 2 groups
     for col in (0, 17, 39):
         b, c = divmod(col, 16)
@@ -161,6 +163,8 @@ def test_packing_puts_each_weight_where_the_kernel_reads_it(kind):
                     j, rest = divmod(k, 8)
                     byte = group[j * 64 + c * 4 + rest % 4]
                     value = byte & 0x0F if rest < 4 else byte >> 4
+                    if kind == "Q5_0":  # bit 2 j (low nibble) or 2 j + 1 (high) of byte k % 4 of the column
+                        value |= ((group[256 + c * 4 + rest % 4] >> (2 * j + rest // 4)) & 1) << 4
                 assert value == blocks.q[col, g * 32 + k]
             d = group[scales + 2 * c: scales + 2 + 2 * c].view(torch.float16)
             assert d == blocks.d[col, g]

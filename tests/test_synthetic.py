@@ -13,20 +13,25 @@ import pytest
 import torch
 
 from paradecode import synthetic
-from paradecode.backends import native
+from paradecode.backends import native, q4
 from paradecode.backends.int8_llama import Int8LlamaBackend
 from paradecode.backends.q4_llama import Q4LlamaBackend
 from tiny import TREE_PARENTS, assert_rows_equal_one_token_passes
 
 pytestmark = pytest.mark.skipif(not native.enabled(), reason="PARADECODE_NATIVE=0 turns the native path off")
 
-# tied: the embedding is the LM head (Q8_0: 64 is no multiple of 256); untied: a Q4_0 embedding and a Q6_K head.
+# tied: the embedding is the LM head (Q8_0: 64 is no multiple of 256); untied: a Q4_0 embedding and a Q6_K head;
+# k-quants: laid out as Q4_K_M (Q4_K projections, Q6_K attn_v and ffn_down on layers 0, 3, 6 and 7 of 8, so their
+# qkv mixes Q4_K and Q6_K; a Q4_K embedding and a Q6_K head).
 SPECS = {
     "tied": dict(model="tiny tied", vocab_size=320, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=16, tie_word_embeddings=True, rope_theta=1e4),
     "untied": dict(model="tiny untied", vocab_size=300, hidden_size=256, intermediate_size=64, num_layers=2,
                    num_heads=2, num_kv_heads=1, head_dim=128, tie_word_embeddings=False, rope_theta=1e4),
+    "k-quants": dict(model="tiny k-quants", vocab_size=300, hidden_size=256, intermediate_size=256, num_layers=8,
+                     num_heads=2, num_kv_heads=1, head_dim=128, tie_word_embeddings=False, rope_theta=1e4),
 }
+QUANT = {"tied": "q4_0", "untied": "q4_0", "k-quants": "q4_k_m"}
 IDS = [260, 300 - 1, 261, 270, 280, 262, 263, 290, 264, 265, 266, 271]
 
 LLAMA_CPP = textwrap.dedent("""
@@ -42,7 +47,8 @@ LLAMA_CPP = textwrap.dedent("""
 @pytest.fixture(scope="module", params=sorted(SPECS))
 def written(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("synthetic") / f"{request.param}.gguf"
-    synthetic.write_gguf(SPECS[request.param], path, seed=1, progress=False, scale=20.0)  # sharp attention
+    synthetic.write_gguf(SPECS[request.param], path, seed=1, progress=False, scale=20.0,  # sharp attention
+                         quant=QUANT[request.param])
     return request.param, path
 
 
@@ -61,7 +67,11 @@ def test_our_backend_on_the_file_computes_what_llama_cpp_computes(written, dtype
     backend = synthetic.load(path, SPECS[name], dtype, max_length=64)
     assert isinstance(backend, Q4LlamaBackend if dtype == "q4" else Int8LlamaBackend) and backend.dtype == dtype
     # q4 runs the file's head as stored (the tied file's Q8_0, the untied one's Q6_K); int8 its own int8 head
-    assert getattr(backend._lm_head, "bits", None) == ({"tied": 8, "untied": 6}[name] if dtype == "q4" else None)
+    assert getattr(backend._lm_head, "bits", None) == ({"tied": 8}.get(name, 6) if dtype == "q4" else None)
+    if name == "k-quants" and dtype == "q4":  # Q4_K throughout, with Q6_K v and down on the more-bits layers
+        layouts = [(layer.qkv.layout, layer.down.bits) for layer in backend._layers]
+        assert layouts[1] == ((), q4.Q4K) and backend._layers[1].qkv.bits == q4.Q4K
+        assert layouts[0] == (((256, q4.Q4K, False), (128, q4.Q4K, False), (128, 6, False)), 6)
     got = backend.forward(torch.tensor(IDS)).logits
     assert got.shape == want.shape
     correlation = [torch.corrcoef(torch.stack([g, w]))[0, 1].item() for g, w in zip(got, want)]
@@ -83,7 +93,7 @@ def test_the_random_blocks_have_the_spread_asked_for():
     rng = np.random.default_rng(0)
     from gguf import GGMLQuantizationType, quants
 
-    for kind in ("Q4_0", "Q8_0", "Q6_K"):
+    for kind in ("Q4_0", "Q8_0", "Q6_K", "Q4_K"):
         weights = quants.dequantize(synthetic.random_rows(rng, kind, 64, 512), GGMLQuantizationType[kind])
         assert weights.shape == (64, 512)
         assert 0.005 < weights.std() < 0.05, kind
@@ -97,6 +107,8 @@ def test_bad_inputs_are_clear_errors(tmp_path):
         synthetic.write_gguf(dict(SPECS["tied"], vocab_size=100), tmp_path / "x.gguf", progress=False)
     with pytest.raises(ValueError, match="q4 or int8"):
         synthetic.load(tmp_path / "x.gguf", SPECS["tied"], "fp32", 64)
+    with pytest.raises(ValueError, match="rows of multiples of 256"):  # Q4_K needs them
+        synthetic.write_gguf(SPECS["untied"], tmp_path / "x.gguf", progress=False, quant="q4_k_m")
 
 
 def test_the_real_shapes_are_what_the_scaling_benchmark_names():

@@ -103,9 +103,19 @@ def record_path(cache_root: Path, model: str) -> Path:
 
 
 def save(cache_root: Path, model: str, results: Sequence[Quality]) -> Path:
+    """Write ``results`` to the model's record, keeping the dtypes measured before on the same texts (the same
+    reference perplexity) that this run left out; an unreadable record is replaced."""
     path = record_path(cache_root, model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({q.dtype: q.to_dict() for q in results}, indent=2))
+    figures = {q.dtype: q.to_dict() for q in results}
+    try:
+        earlier = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        earlier = {}
+    reference = results[0].reference_perplexity if results else None
+    kept = {dtype: entry for dtype, entry in earlier.items() if isinstance(entry, dict)
+            and entry.get("reference_perplexity") == reference and dtype not in figures}
+    path.write_text(json.dumps({**kept, **figures}, indent=2))
     return path
 
 

@@ -69,8 +69,9 @@ def random_rows(rng: np.random.Generator, kind: str, n: int, k: int, scale: floa
         blocks[..., 208:210] = _half(scale * rng.uniform(1e-4, 2e-4, (n, k // 256)))
     elif kind == "Q4_K":  # 256 weights: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;
         blocks = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)  # w = d sc q - dmin mn per 32
-        blocks[..., 0:2] = _half(scale * rng.uniform(1e-4, 2e-4, (n, k // 256)))
-        blocks[..., 2:4] = _half(scale * rng.uniform(4e-4, 8e-4, (n, k // 256)))
+        d = scale * rng.uniform(0.6e-4, 1.2e-4, (n, k // 256))
+        blocks[..., 0:2] = _half(d)
+        blocks[..., 2:4] = _half(d * rng.uniform(7.0, 8.0, d.shape))  # dmin mn about d sc q on average: centred
     else:
         raise ValueError(f"no random blocks of type {kind}")
     return blocks.reshape(n, -1)
@@ -81,20 +82,42 @@ def head_kind(hidden: int) -> str:
     return "Q6_K" if hidden % 256 == 0 else "Q8_0"
 
 
+QUANTS = ("q4_0", "q4_k_m")  # the layouts write_gguf writes, as llama-quantize's types of the same names
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """Whether llama-quantize's Q4_K_M gives a layer's attn_v and ffn_down Q6_K (its use_more_bits): the first and
+    last eighth of the layers and every third one between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
 def write_gguf(spec: Mapping[str, Any], path: Path, seed: int = 0, progress: bool = True,
-               scale: float = 1.0) -> None:
-    """A Llama-architecture GGUF of random weights in ``spec``'s shapes (a SHAPES entry), written tensor by tensor;
-    ``scale`` multiplies the layers' weights (tests make attention sharp with it)."""
+               scale: float = 1.0, quant: str = "q4_0") -> None:
+    """A Llama-architecture GGUF of random weights in ``spec``'s shapes (a SHAPES entry), written tensor by tensor,
+    laid out as llama-quantize's ``quant`` lays a model out: ``q4_0`` (every projection Q4_0, the output matrix
+    Q6_K or Q8_0) or ``q4_k_m`` (projections Q4_K, attn_v and ffn_down Q6_K on ``more_bits`` layers, the output
+    matrix Q6_K; its rows must be multiples of 256); ``scale`` multiplies the layers' weights (tests make attention
+    sharp with it)."""
     import gguf
 
     d, inter, hd, v = spec["hidden_size"], spec["intermediate_size"], spec["head_dim"], spec["vocab_size"]
     q, kv, tied = spec["num_heads"] * hd, spec["num_kv_heads"] * hd, spec["tie_word_embeddings"]
     if v <= BYTE_TOKENS + 2:
         raise ValueError(f"the placeholder vocabulary needs more than {BYTE_TOKENS + 2} tokens, got {v}")
-    tensors: list[tuple[str, str, int, int]] = [("token_embd.weight", head_kind(d) if tied else "Q4_0", v, d)]
-    for i in range(spec["num_layers"]):
+    if quant not in QUANTS or (quant == "q4_k_m" and (d % 256 or inter % 256 or q % 256)):
+        raise ValueError(f"write_gguf writes {', '.join(QUANTS)} (q4_k_m: rows of multiples of 256), not {quant}")
+    layers = spec["num_layers"]
+
+    def kind(name: str, layer: int) -> str:
+        if quant == "q4_0":
+            return "Q4_0"
+        return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits(layer, layers) else "Q4_K"
+
+    plain = "Q4_0" if quant == "q4_0" else "Q4_K"  # an untied embedding
+    tensors: list[tuple[str, str, int, int]] = [("token_embd.weight", head_kind(d) if tied else plain, v, d)]
+    for i in range(layers):
         tensors += [(f"blk.{i}.attn_norm.weight", "F32", 1, d), (f"blk.{i}.ffn_norm.weight", "F32", 1, d)]
-        tensors += [(f"blk.{i}.{name}.weight", "Q4_0", n, k) for name, n, k in (
+        tensors += [(f"blk.{i}.{name}.weight", kind(name, i), n, k) for name, n, k in (
             ("attn_q", q, d), ("attn_k", kv, d), ("attn_v", kv, d), ("attn_output", d, q),
             ("ffn_gate", inter, d), ("ffn_up", inter, d), ("ffn_down", d, inter))]
     tensors.append(("output_norm.weight", "F32", 1, d))
@@ -115,7 +138,7 @@ def write_gguf(spec: Mapping[str, Any], path: Path, seed: int = 0, progress: boo
     writer.add_rope_freq_base(spec["rope_theta"])
     writer.add_layer_norm_rms_eps(EPS)
     writer.add_vocab_size(v)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if quant == "q4_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M)
     writer.add_tokenizer_model("llama")
     writer.add_token_list([f"<0x{b:02X}>" for b in range(BYTE_TOKENS)] + [f"t{i}" for i in range(BYTE_TOKENS, v)])
     writer.add_token_scores([0.0] * v)
@@ -167,7 +190,7 @@ def int8_linear(weight: torch.Tensor, precise: bool):
 
 
 def load(path: Path, spec: Mapping[str, Any], dtype: str, max_length: int, kernel_cache: Path | None = None):
-    """Our native backend on a ``write_gguf`` file: its Q4_0 blocks as stored (``q4``) or the same weights as
+    """Our native backend on a ``write_gguf`` file: its blocks as stored (``q4``) or the same weights as
     per-channel int8 (``int8``); the embedding, and the LM head from the file's output matrix: its Q8_0 or Q6_K
     blocks as stored on ``q4`` (as the real path runs them), else int8."""
     from gguf import GGUFReader

@@ -1,5 +1,5 @@
-"""Block projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 / Q8_0 / Q6_K weight blocks, run
-as stored, and its Q5_0 / Q4_K blocks converted to those.
+"""Block projections for the native forward: a GGUF checkpoint's own Q4_0 / Q4_1 / Q4_K / Q5_0 / Q6_K / Q8_0
+weight blocks, run as stored.
 
 The int8 dtype dequantizes a 4-bit checkpoint and quantizes it again per output channel, which adds error and
 reads ~1.4x the bytes per token. ``q4`` keeps the checkpoint's blocks (32 weights of one output column as
@@ -10,12 +10,13 @@ run in the same kernel as 8-bit ``q + 128`` with ``m = -128 d``, and Q6_K blocks
 256) keep their 6 bits there. The LM head is the file's too where its type is one of these (the embedding, Q8_0 in
 the shipped SmolLM2 file; Q6_K in most Q4_0 and Q4_K_M files); otherwise the int8 backend's.
 
-Q4_K blocks (the main type of Q4_K_M files: per 256 weights a half-float ``d`` and ``dmin``, per 32 a 6-bit scale
-``sc`` and min ``mn``: ``w = d sc q - dmin mn``, q in 0..15) run as stored too, 4.625 bits a weight (the kernel forms
-``d sc`` and ``-dmin mn`` per group, exact products, and takes Q4_1's float steps). Q5_0 blocks (``w = d (q - 16)``,
-q in 0..31, which K-quant files use where rows are no multiple of 256) are read as Q8_0 blocks, exactly the same
-weights (the same d, ``q - 16`` as the int8), at 8.5 bits each instead of 5.5. Other types (Q5_1, Q5_K, Q3_K, ...)
-run on the int8 dtype.
+The K-quant files' types run as stored too: Q4_K (the main type of Q4_K_M files: per 256 weights a half-float ``d``
+and ``dmin``, per 32 a 6-bit scale ``sc`` and min ``mn``: ``w = d sc q - dmin mn``, q in 0..15; the kernel forms ``d
+sc`` and ``-dmin mn`` per group, exact products, and takes Q4_1's float steps; 4.625 bits a weight) and Q5_0 (``w =
+d (q - 16)``, q in 0..31, which those files use where rows are no multiple of 256: the nibbles plus a plane of
+fifth bits, Q4_0's steps with m = -16 d; 5.5 bits). Other types (Q5_1, Q5_K, Q3_K, ...) run on the int8 dtype. A
+fused projection (q, k and v; gate and up) whose parts differ in type runs each part on its own columns
+(``Fused``).
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ BLOCK_COLS = 16
 # bytes per block of the types q4 runs (32 weights; the K-quants 256), and the kernel width each runs at
 BLOCK_LAYOUTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q6_K": 210, "Q5_0": 22, "Q4_K": 144}
 Q4K = 14  # Q4_K's format id where the others have their width (gemm_q4.h's kQ4K)
-BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6, "Q5_0": 8, "Q4_K": Q4K}
+BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q4_K": Q4K}
 SUPPORTED = "Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0"  # for error messages
 SUPER = 256  # weights per K-quant block (Q6_K: a d for 16 sub-blocks of 16, each with an int8 scale)
-IMPLIED_M = {4: -8, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q8_0)
-FORMAT = 3  # bump when the packed layout (or the kept copy's metadata) changes meaning
+IMPLIED_M = {4: -8, 5: -16, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q5_0, Q8_0)
+FORMAT = 4  # bump when the packed layout (or the kept copy's metadata) changes meaning
 
 
 @dataclass
 class Blocks:
-    """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, or 0..255 for 8 bits: Q8_0's q + 128),
-    d and m [n, k / 32] (float16; m float32 for 8 bits, where it is -128 d). 6 bits (Q6_K): q in 0..63 (w =
+    """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, 0..31 for 5 bits, or 0..255 for 8 bits:
+    Q8_0's q + 128), d and m [n, k / 32] (float16; m float32 for 5 and 8 bits, where it is -16 d or -128 d). 6 bits (Q6_K): q in 0..63 (w =
     d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty). Q4_K (``bits`` Q4K): q
     in 0..15 (w = d sc q - dmin mn), d and m [n, k / 256] (float16: d and dmin), ``scales`` [n, k / 32, 2] uint8
     (sc, mn)."""
@@ -85,14 +86,6 @@ class Blocks:
         scales = self.scales[index] if self.scales is not None else None
         return Blocks(self.q[index], self.d[index], self.m[index], self.bits, scales)
 
-    def widened(self) -> Blocks:
-        """These 4-bit blocks as 8-bit ones with the same weights, where m is the implied -8 d (Q4_0): q - 8 is
-        the int8 q of a Q8_0 block of the same d (m = -128 d). A fused projection whose parts differ in width runs
-        at the widest (a Q4_0 q beside a Q8_0 v)."""
-        if self.bits != 4 or not self.m_is_implied:
-            raise ValueError("only 4-bit blocks with m = -8 d widen to 8 bits exactly")
-        return Blocks(self.q + 120, self.d, self.d.float() * -128, bits=8)
-
     @staticmethod
     def cat(parts: list[Blocks]) -> Blocks:
         """The parts' rows one after the other, all of one width."""
@@ -120,17 +113,14 @@ class Fused:
 
 
 def fuse(parts: list[Blocks]) -> Blocks | Fused:
-    """One fused projection of ``parts``' rows one after the other: blocks of one width where they are (Q4_0 parts
-    beside 8-bit ones widened to 8 bits, the same weights: ``Blocks.widened``), else a ``Fused`` of the parts
-    as they are."""
-    if {p.bits for p in parts} == {4, 8} and all(p.bits == 8 or p.m_is_implied for p in parts):
-        parts = [p if p.bits == 8 else p.widened() for p in parts]
+    """One fused projection of ``parts``' rows one after the other: blocks where they are of one type, else a
+    ``Fused`` of the parts as they are (each read at its own width)."""
     return Blocks.cat(parts) if len({p.bits for p in parts}) == 1 else Fused(list(parts))
 
 
 def packed_bytes(n: int, k: int, bits: int, with_m: bool) -> int:
     """Bytes of an [n, k] weight in gemm_q4.h's layout (q4_packed_bytes there)."""
-    group = {8: 544, 6: 420, Q4K: 296}.get(bits, 320 if with_m else 288)
+    group = {8: 544, 5: 352, 6: 420, Q4K: 296}.get(bits, 320 if with_m else 288)
     return -(-n // BLOCK_COLS) * (k // GROUP) * group
 
 
@@ -142,17 +132,16 @@ def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
         return _decode_q6_k(blocks, n, k) if kind == "Q6_K" else _decode_q4_k(blocks, n, k)
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // GROUP, size)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    if kind in ("Q8_0", "Q5_0"):  # q as the kernel reads it, unsigned: q + 128; m = -128 d (a float: it may overflow
-        if kind == "Q8_0":        # halves)
-            signed = blocks[..., 2:].view(np.int8).astype(np.int16)
-        else:  # Q5_0: bit i of the 32-bit qh is weight i's fifth bit; byte i of qs holds weight i low, i + 16 high
-            high = (blocks[..., 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
-            nibbles = blocks[..., 6:]
-            signed = (np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1) | (high.astype(np.uint8) << 4))
-            signed = signed.astype(np.int16) - 16
-        q = (signed + 128).astype(np.uint8).reshape(n, k)
+    if kind == "Q8_0":  # q as the kernel reads it, unsigned: q + 128; m = -128 d (as a float: it may overflow halves)
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, k)
         m = d.astype(np.float32) * -128
         return Blocks(torch.from_numpy(q), torch.from_numpy(d.copy()), torch.from_numpy(m), bits=8)
+    if kind == "Q5_0":  # bit i of the 32-bit qh is weight i's fifth bit; byte i of qs holds weight i low, i + 16 high
+        high = (blocks[..., 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+        nibbles = blocks[..., 6:]
+        q = (np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1) | (high.astype(np.uint8) << 4)).reshape(n, k)
+        return Blocks(torch.from_numpy(q.copy()), torch.from_numpy(d.copy()), torch.from_numpy(d.astype(np.float32) * -16),
+                      bits=5)
     if kind == "Q4_1":
         m, nibbles = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
     else:
@@ -246,10 +235,11 @@ def _pack_q4_k(blocks: Blocks) -> torch.Tensor:
 
 def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     """The native kernel's layout (gemm_q4.h): per 16 columns and 32 inputs, 256 bytes of nibbles (vector j,
-    column c, byte i: input 8j+i low, 8j+4+i high) or, for 8 bits, 512 bytes (vector v, column c, byte i: input
-    4v+i), then the 16 columns' d and, unless every m is the implied one (Q4_0's -8 d, Q8_0's -128 d: the kernel
-    computes it, to the same bits), m as half floats. ``with_m`` forces m in or out (out only where every m is
-    implied; 8-bit blocks never store m). 6-bit blocks: ``_pack_q6``; Q4_K: ``_pack_q4_k``."""
+    column c, byte i: input 8j+i low, 8j+4+i high; for 5 bits followed by 64 bytes of fifth bits, column c, byte
+    i, bits 2j and 2j+1) or, for 8 bits, 512 bytes (vector v, column c, byte i: input 4v+i), then the 16 columns'
+    d and, unless every m is the implied one (Q4_0's -8 d, Q5_0's -16 d, Q8_0's -128 d: the kernel computes it, to
+    the same bits), m as half floats. ``with_m`` forces m in or out (out only where every m is implied; 5- and
+    8-bit blocks never store m). 6-bit blocks: ``_pack_q6``; Q4_K: ``_pack_q4_k``."""
     if blocks.bits in (6, Q4K):
         if with_m:
             raise ValueError("6-bit and Q4_K blocks store no m")
@@ -265,15 +255,19 @@ def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
     b = columns // BLOCK_COLS
     if blocks.bits == 8:
         quants = q.reshape(b, BLOCK_COLS, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(b, groups, 512)
+    elif blocks.bits == 5:  # the nibbles, then per column 4 bytes of fifth bits: byte i, bits 2 j and 2 j + 1
+        top = (q >> 4).reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high, i]
+        fields = sum(top[:, :, :, j, half] << (2 * j + half) for j in range(4) for half in (0, 1))
+        quants = torch.cat([_nibbles(q & 0x0F, b, groups), fields.permute(0, 2, 1, 3).reshape(b, groups, 64)], dim=2)
     else:
         m[:n] = blocks.m
         quants = _nibbles(q, b, groups)
     if with_m is None:
         with_m = not blocks.m_is_implied
-    if with_m and blocks.bits == 8:
-        raise ValueError("8-bit blocks never store m: every m must be -128 d")
+    if with_m and blocks.bits in (5, 8):
+        raise ValueError("5- and 8-bit blocks never store m: every m must be -16 d or -128 d")
     if not with_m and not blocks.m_is_implied:
-        raise ValueError("m can be left out only where every m is implied (Q4_0 or Q8_0 blocks)")
+        raise ValueError("m can be left out only where every m is implied (Q4_0, Q5_0 or Q8_0 blocks)")
     stored = (d, m) if with_m else (d,)
     scales = [x.reshape(b, BLOCK_COLS, groups).permute(0, 2, 1).contiguous().view(torch.uint8) for x in stored]
     return torch.cat([quants, *scales], dim=2).reshape(-1).contiguous()

@@ -37,6 +37,12 @@
 // T = sc_s * (sum q p - 32 sum p) (the activations' sums over 16 inputs come with them: Q4Rows::half_sum), then
 // per row, in order: inner = fma(a_g, T_s, inner) per sub-block, and per 256 inputs acc = fma(d, inner, acc).
 //
+// Q5_0 blocks (32 weights as w = d (q - 16), q in 0..31) take the 4-bit layout's nibbles plus a plane of fifth bits,
+// with m = -16 d (computed like Q4_0's: exact in floats): per 16 columns and 32 inputs, 352 bytes (the file's 5.5
+// bits a weight): the 256 bytes of nibbles, then 64 bytes ([16 columns][4 bytes]: byte i of column c holds the
+// fifth bits of inputs 8 j + i at bit 2 j and 8 j + 4 + i at bit 2 j + 1, for j = 0..3: those of nibble vector j),
+// then the 16 columns' d.
+//
 // Q4_K blocks (256 weights of a column: half-float d and dmin, and per 32 weights a 6-bit scale sc and min mn: w =
 // d sc q - dmin mn, q in 0..15) are Q4_1 blocks with d' = d sc and m' = -dmin mn, both exact float products (an
 // 11-bit d times a 6-bit integer), computed as the tile needs them: the same float steps as Q4_1's on the file's own
@@ -58,6 +64,7 @@ constexpr int64_t kQ4Group = 32;        // inputs per block of the checkpoint (a
 constexpr int64_t kQ4GroupBytes = 320;  // packed bytes per 16 columns x 32 inputs with m (Q4_1)
 constexpr int64_t kQ4GroupBytesNoM = 288;  // without m (Q4_0: m = -8 d)
 constexpr int64_t kQ8GroupBytes = 544;     // 8-bit weights (Q8_0: m = -128 d, not stored)
+constexpr int64_t kQ5GroupBytes = 352;     // 5-bit weights (Q5_0: m = -16 d, not stored)
 constexpr int64_t kQ6GroupBytes = 416;     // 6-bit weights (Q6_K) per group, and per 8 groups their d:
 constexpr int64_t kQ6SuperBytes = 8 * kQ6GroupBytes + 32;  // 3,360 bytes per 256 inputs,
 constexpr int64_t kQ6MeanGroupBytes = kQ6SuperBytes / 8;   // 420 on average per group (PackedQ4::group_bytes)
@@ -80,18 +87,20 @@ struct PackedQ4 {
                                        // kQ8GroupBytes for 8-bit weights, kQ6MeanGroupBytes for 6-bit ones or
                                        // kQ4KMeanGroupBytes for Q4_K
   bool has_m() const { return group_bytes == kQ4GroupBytes; }  // 4 bits (Q4_0 / Q4_1): whether m is stored
-  int bits() const {  // 4, 6, 8 or kQ4K
+  int bits() const {  // 4, 5, 6, 8 or kQ4K
     return group_bytes == kQ8GroupBytes        ? 8
+           : group_bytes == kQ5GroupBytes      ? 5
            : group_bytes == kQ6MeanGroupBytes  ? 6
            : group_bytes == kQ4KMeanGroupBytes ? kQ4K
                                                : 4;
   }
 };
 
-// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 8: never m; 6 and kQ4K: on
-// average).
+// Bytes per 16 columns and 32 inputs of a weight with `bits` bits (4: with or without m; 5 and 8: never m; 6 and
+// kQ4K: on average).
 constexpr int64_t q4_group_bytes(bool with_m, int bits = 4) {
   return bits == 8      ? kQ8GroupBytes
+         : bits == 5    ? kQ5GroupBytes
          : bits == 6    ? kQ6MeanGroupBytes
          : bits == kQ4K ? kQ4KMeanGroupBytes
          : with_m       ? kQ4GroupBytes
@@ -112,9 +121,9 @@ inline int64_t q4_packed_bytes(int64_t n, int64_t k, bool with_m = true, int bit
 
 // Where a packed group's 16 d values start, and m's multiple of d where m is not stored (-8 for 4 bits, -128 for 8).
 template <int Bits>
-constexpr int64_t kScalesAt = Bits == 8 ? 512 : 256;
+constexpr int64_t kScalesAt = Bits == 8 ? 512 : Bits == 5 ? 320 : 256;
 template <int Bits>
-constexpr float kImpliedM = Bits == 8 ? -128.f : -8.f;
+constexpr float kImpliedM = Bits == 8 ? -128.f : Bits == 5 ? -16.f : -8.f;
 
 // The activations of one row, quantized per group: p (int8, k values), a (float per group), psum (per group: an
 // integer of at most 32 * 127, held as the float it converts to exactly, so the kernel broadcasts it as it is).
@@ -223,7 +232,7 @@ __attribute__((always_inline)) inline void q4_finish(__m512 d, __m512 m, __m512i
 template <int MR, int NB, int Bits = 4>
 __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, int64_t b0, int64_t g, const Q4Rows& x,
                                                            float* acc) {
-  static_assert(Bits == 4 || Bits == 8 || Bits == 6 || Bits == kQ4K, "4-, 6- or 8-bit weights, or Q4_K");
+  static_assert(Bits == 4 || Bits == 5 || Bits == 8 || Bits == 6 || Bits == kQ4K, "4- to 8-bit weights, or Q4_K");
   const int64_t block_stride = w.groups * w.group_bytes;
   const uint8_t* base = w.data + b0 * block_stride + q_group_offset<Bits>(g, w.group_bytes);
   const bool has_m = Bits == 4 && w.has_m();
@@ -254,6 +263,16 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
           const __m512i h_hi = (j & 1) ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
           lo[b] = _mm512_or_si512(lo[b], _mm512_and_si512(h_lo, top));
           hi[b] = _mm512_or_si512(hi[b], _mm512_and_si512(h_hi, top));
+        }
+        if constexpr (Bits == 5) {  // the fifth bits (2 j and 2 j + 1 of each byte), moved to bit 4
+          const __m512i h = _mm512_loadu_si512(base + b * block_stride + 256);
+          const __m512i fifth = _mm512_set1_epi8(0x10);
+          const auto to_bit_4 = [&](int bit) {  // within each byte: 16-bit shifts move no bit 4 across bytes
+            return bit <= 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - bit))
+                            : _mm512_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
+          };
+          lo[b] = _mm512_or_si512(lo[b], _mm512_and_si512(to_bit_4(2 * j), fifth));
+          hi[b] = _mm512_or_si512(hi[b], _mm512_and_si512(to_bit_4(2 * j + 1), fifth));
         }
       }
     });
@@ -316,6 +335,16 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
           lo[b] = _mm256_or_si256(lo[b], _mm256_and_si256(h_lo, top));
           hi[b] = _mm256_or_si256(hi[b], _mm256_and_si256(h_hi, top));
         }
+        if constexpr (Bits == 5) {  // the fifth bits (2 j and 2 j + 1 of each byte), moved to bit 4
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 256));
+          const __m256i fifth = _mm256_set1_epi8(0x10);
+          const auto to_bit_4 = [&](int bit) {
+            return bit <= 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - bit))
+                            : _mm256_srl_epi16(h, _mm_cvtsi32_si128(bit - 4));
+          };
+          lo[b] = _mm256_or_si256(lo[b], _mm256_and_si256(to_bit_4(2 * j), fifth));
+          hi[b] = _mm256_or_si256(hi[b], _mm256_and_si256(to_bit_4(2 * j + 1), fifth));
+        }
       }
     });
     unroll<MR>([&](auto r) {
@@ -330,7 +359,7 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
             return _mm256_add_epi32(_mm256_madd_epi16(l, ones), _mm256_madd_epi16(h, sixteen));
           };
           sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_add_epi32(part(lo[b], a_lo), part(hi[b], a_hi)));
-        } else {  // the four products of a lane stay within int16: 4 * 15 * 127, or 4 * 63 * 127 (6 bits)
+        } else {  // the four products of a lane stay within int16: 4 * 15 * 127, 4 * 31 * 127 or 4 * 63 * 127
           const __m256i pairs =
               _mm256_add_epi16(_mm256_maddubs_epi16(lo[b], a_lo), _mm256_maddubs_epi16(hi[b], a_hi));
           sums[r][b] = _mm256_add_epi32(sums[r][b], _mm256_madd_epi16(pairs, ones));
@@ -418,7 +447,9 @@ __attribute__((always_inline)) inline void q4_tile_inlined(const PackedQ4& w, in
                       block[(2 * j + 1) * 64 + c * 4 + i] * p[8 * j + 4 + i];
             } else {
               const uint8_t byte = block[j * 64 + c * 4 + i];
-              qsum += (byte & 0x0f) * p[8 * j + i] + (byte >> 4) * p[8 * j + 4 + i];
+              const int fifth = Bits == 5 ? block[256 + c * 4 + i] >> (2 * j) : 0;  // Q5_0's fifth bits
+              qsum += ((byte & 0x0f) | ((fifth & 1) << 4)) * p[8 * j + i] +
+                      ((byte >> 4) | ((fifth & 2) << 3)) * p[8 * j + 4 + i];
             }
           }
         half dh, mh;
@@ -560,6 +591,7 @@ inline void q4_gemm_bits(const PackedQ4& w, const Q4Rows& x, int64_t rows, float
 inline void q4_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
                     int64_t b1, float* spill, bool interleaved = false) {
   if (w.bits() == 8) return q4_gemm_bits<8>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
+  if (w.bits() == 5) return q4_gemm_bits<5>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
   if (w.bits() == 6) return q4_gemm_bits<6>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
   if (w.bits() == kQ4K) return q4_gemm_bits<kQ4K>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);
   q4_gemm_bits<4>(w, x, rows, y, y_stride, b0, b1, spill, interleaved);

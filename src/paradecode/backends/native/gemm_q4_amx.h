@@ -140,8 +140,9 @@ inline void q4_amx_blocks(const PackedQ4& w, int64_t b0, const Q4Rows& x, int64_
 inline void q4_amx_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float* y, int64_t y_stride, int64_t b0,
                         int64_t b1, float* spill) {
 #ifdef PARADECODE_AMX
-  // 6-bit and Q4_K blocks have no tile form: the vector kernel, same bits
-  if (rows <= kQ4AmxMinRows || w.bits() == 6 || w.bits() == kQ4K) return q4_gemm(w, x, rows, y, y_stride, b0, b1, spill);
+  // 5- and 6-bit and Q4_K blocks have no tile form: the vector kernel, same bits
+  const int bits = w.bits();
+  if (rows <= kQ4AmxMinRows || bits == 5 || bits == 6 || bits == kQ4K) return q4_gemm(w, x, rows, y, y_stride, b0, b1, spill);
   q4_amx_configure();
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {
     const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);

@@ -130,7 +130,7 @@ struct Workspace {
 // column do not depend on the others.
 struct Q4Part {
   int64_t offset = 0, first = 0, n = 0;
-  int bits = 4;    // 4 (Q4_0 / Q4_1), 6 (Q6_K), 8 (Q8_0) or kQ4K (Q4_K)
+  int bits = 4;    // 4 (Q4_0 / Q4_1), 5 (Q5_0), 6 (Q6_K), 8 (Q8_0) or kQ4K (Q4_K)
   bool m = false;  // 4 bits: whether m is stored
 };
 
@@ -508,8 +508,8 @@ inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, st
   p.q4 = packed;
   int64_t offset = 0, first = 0;
   for (const auto& [columns, bits, with_m] : parts) {
-    TORCH_CHECK(bits == 4 || bits == 6 || bits == 8 || bits == kQ4K, "block weights have 4, 6 or 8 bits or are Q4_K (",
-                kQ4K, "), not ", bits);
+    TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8 || bits == kQ4K,
+                "block weights have 4, 5, 6 or 8 bits or are Q4_K (", kQ4K, "), not ", bits);
     TORCH_CHECK(k % (bits == 6 || bits == kQ4K ? 256 : kQ4Group) == 0 && (bits == 4 || !with_m),
                 "k must be a multiple of 32 (256 for 6 bits and Q4_K), and only 4-bit blocks store m");
     p.q4_parts.push_back({offset, first, columns, bits, with_m});

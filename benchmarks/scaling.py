@@ -5,7 +5,8 @@ weight reading and a T-token forward's cost follows from the shapes, not the val
 
 1. writes, per size, a GGUF file of random weights in a real model's shapes, as ``llama-quantize Q4_0`` lays one
    out: every layer's projections Q4_0, the LM head Q6_K (Q8_0 where the hidden size is no multiple of 256, as
-   llama-quantize falls back), norms F32, and a placeholder vocabulary llama.cpp loads;
+   llama-quantize falls back), norms F32, and a placeholder vocabulary llama.cpp loads; with ``--quant q4_k_m`` as
+   ``Q4_K_M`` lays one out (Q4_K projections, Q6_K v and down on its more-bits layers; 1b, 3b and 8b);
 2. times one forward pass over T = 1, 2, 4, 8, 16 new tokens after a 256-token context, in rounds that take
    every engine in turn: ours (loaded once per size in a child process) on that file's own 4-bit blocks
    (``q4``) and on the same weights quantized per channel to int8 (``int8``), and llama.cpp's ``llama-bench``
@@ -15,6 +16,7 @@ weight reading and a T-token forward's cost follows from the shapes, not the val
    step priced by the size's measured curve.
 
     python benchmarks/scaling.py run --sizes 135m,0.5b,1b,3b,8b --out results/scaling      # resumes
+    python benchmarks/scaling.py run --sizes 1b,3b --quant q4_k_m --out results/scaling-q4km
     python benchmarks/scaling.py report results/scaling --records results/<bench run>/records.jsonl \\
         --doc docs/scaling.md
 
@@ -99,8 +101,9 @@ class Ours:
 
     def __init__(self, size: str, dtype: str, repeats: int, log: Path, quant: str = "q4_0") -> None:
         self.log = log.open("a")
-        self.process = subprocess.Popen([sys.executable, __file__, "serve", size, dtype, str(repeats), quant], text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        command = [sys.executable, __file__, "serve", size, dtype, str(repeats), quant]
+        self.process = subprocess.Popen(command, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.log)
         self.info = self._reply()
 
     def _reply(self) -> dict:
@@ -205,9 +208,14 @@ def run(args: argparse.Namespace) -> int:
     binaries = llama_binaries()
     if not binaries:
         print("no llama-bench found: build it with `python benchmarks/llama_server.py build`", file=sys.stderr)
+    from paradecode.synthetic import k_quant_shapes
+
     for size in args.sizes.split(","):
         if size not in sizes():
             raise SystemExit(f"unknown size {size!r}: choose from {', '.join(sizes())}")
+        if args.quant == "q4_k_m" and (size == REAL or not k_quant_shapes(SHAPES[size])):
+            raise SystemExit(f"--quant q4_k_m: size {size} has rows that are no multiple of 256 (or is the real "
+                             "135M file): choose from 1b, 3b, 8b")
         done = [key for key in rows if key.startswith(f"{size}|") and len(rows[key].get("rounds", [])) >= args.rounds]
         if done and not args.force:
             print(f"{size}: done already ({len(done)} engines)", file=sys.stderr)

@@ -128,7 +128,8 @@ int main() {
       const int64_t gb = q4_group_bytes(with_m, bits);
       std::vector<uint8_t> packed(q4_packed_bytes(n, k, with_m, bits), 0);
       std::vector<int> q(blocks * kBlockCols * k), sc(blocks * kBlockCols * k / 16);
-      std::vector<float> d(blocks * kBlockCols * groups), m(d.size()), super_d(blocks * kBlockCols), super_m(super_d.size());
+      std::vector<float> d(blocks * kBlockCols * groups), m(d.size());
+      std::vector<float> super_d(blocks * kBlockCols), super_m(super_d.size());  // Q4_K's d and dmin
       for (int64_t b = 0; b < blocks; ++b)
         for (int64_t g = 0; g < groups; ++g) {
           uint8_t* block = packed.data() + b * groups * gb;
@@ -183,7 +184,8 @@ int main() {
             std::memcpy(group + (bits == 8 ? 512 : bits == 5 ? 320 : 256) + 2 * c, &dh, 2);
             if (with_m) std::memcpy(group + 288 + 2 * c, &mh, 2);
             d[col * groups + g] = from_half(dh);
-            m[col * groups + g] = with_m ? from_half(mh) : (bits == 8 ? -128.f : bits == 5 ? -16.f : -8.f) * from_half(dh);
+            const float implied = bits == 8 ? -128.f : bits == 5 ? -16.f : -8.f;
+            m[col * groups + g] = with_m ? from_half(mh) : implied * from_half(dh);
           }
         }
       const PackedQ4 w{packed.data(), n, k, groups, blocks, gb};

@@ -107,7 +107,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
         synthetic.write_gguf(dict(SPECS["tied"], vocab_size=100), tmp_path / "x.gguf", progress=False)
     with pytest.raises(ValueError, match="q4 or int8"):
         synthetic.load(tmp_path / "x.gguf", SPECS["tied"], "fp32", 64)
-    with pytest.raises(ValueError, match="rows of multiples of 256"):  # Q4_K needs them
+    with pytest.raises(ValueError, match="q4_k_m needs rows of multiples of 256"):
         synthetic.write_gguf(SPECS["untied"], tmp_path / "x.gguf", progress=False, quant="q4_k_m")
 
 

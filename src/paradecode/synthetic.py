@@ -91,6 +91,12 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
+def k_quant_shapes(spec: Mapping[str, Any]) -> bool:
+    """Whether every projection's rows are multiples of 256, as Q4_K and Q6_K blocks need."""
+    return all(spec[key] % 256 == 0 for key in ("hidden_size", "intermediate_size")) and (
+        spec["num_heads"] * spec["head_dim"]) % 256 == 0
+
+
 def write_gguf(spec: Mapping[str, Any], path: Path, seed: int = 0, progress: bool = True,
                scale: float = 1.0, quant: str = "q4_0") -> None:
     """A Llama-architecture GGUF of random weights in ``spec``'s shapes (a SHAPES entry), written tensor by tensor,
@@ -104,8 +110,11 @@ def write_gguf(spec: Mapping[str, Any], path: Path, seed: int = 0, progress: boo
     q, kv, tied = spec["num_heads"] * hd, spec["num_kv_heads"] * hd, spec["tie_word_embeddings"]
     if v <= BYTE_TOKENS + 2:
         raise ValueError(f"the placeholder vocabulary needs more than {BYTE_TOKENS + 2} tokens, got {v}")
-    if quant not in QUANTS or (quant == "q4_k_m" and (d % 256 or inter % 256 or q % 256)):
-        raise ValueError(f"write_gguf writes {', '.join(QUANTS)} (q4_k_m: rows of multiples of 256), not {quant}")
+    if quant not in QUANTS:
+        raise ValueError(f"write_gguf writes {', '.join(QUANTS)}, not {quant}")
+    if quant == "q4_k_m" and not k_quant_shapes(spec):
+        raise ValueError(f"{spec['model']}: q4_k_m needs rows of multiples of 256 (hidden {d}, intermediate {inter}, "
+                         f"query width {q})")
     layers = spec["num_layers"]
 
     def kind(name: str, layer: int) -> str:

@@ -46,8 +46,8 @@ FORMAT = 4  # bump when the packed layout (or the kept copy's metadata) changes 
 @dataclass
 class Blocks:
     """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, 0..31 for 5 bits, or 0..255 for 8 bits:
-    Q8_0's q + 128), d and m [n, k / 32] (float16; m float32 for 5 and 8 bits, where it is -16 d or -128 d). 6 bits (Q6_K): q in 0..63 (w =
-    d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty). Q4_K (``bits`` Q4K): q
+    Q8_0's q + 128), d and m [n, k / 32] (float16; m float32 for 5 and 8 bits, where it is -16 d or -128 d). 6 bits
+    (Q6_K): q in 0..63 (w = d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty). Q4_K (``bits`` Q4K): q
     in 0..15 (w = d sc q - dmin mn), d and m [n, k / 256] (float16: d and dmin), ``scales`` [n, k / 32, 2] uint8
     (sc, mn)."""
 
@@ -140,8 +140,8 @@ def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
         high = (blocks[..., 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
         nibbles = blocks[..., 6:]
         q = (np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1) | (high.astype(np.uint8) << 4)).reshape(n, k)
-        return Blocks(torch.from_numpy(q.copy()), torch.from_numpy(d.copy()), torch.from_numpy(d.astype(np.float32) * -16),
-                      bits=5)
+        m = d.astype(np.float32) * -16
+        return Blocks(torch.from_numpy(q.copy()), torch.from_numpy(d.copy()), torch.from_numpy(m), bits=5)
     if kind == "Q4_1":
         m, nibbles = blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:]
     else:

@@ -1,7 +1,7 @@
 """The q4 Llama backend: the native forward over a GGUF checkpoint's own blocks (``backends/q4.py``).
 
 ``Q4LlamaBackend`` is the int8 backend with every layer's projections replaced by the checkpoint's Q4_0 / Q4_1 /
-Q8_0 / Q6_K blocks, unsmoothed (block weights cannot take SmoothQuant's per-input factors, and activations
+Q4_K / Q5_0 / Q6_K / Q8_0 blocks, unsmoothed (block weights cannot take SmoothQuant's per-input factors, and activations
 quantized per group of 32 do not need them: the groups isolate the outlier channels). The LM head is the file's
 own blocks too where their type is one of those (with the checkpoint's final norm); otherwise the int8 backend's
 head, final norm and hidden scale. It runs on the native forward only.
@@ -76,8 +76,8 @@ class Q4LlamaBackend(Int8LlamaBackend):
 
 
 def load_q4(model_dir: Path, max_length: int | None, calibration: Sequence[Sequence[int]], cache: Path):
-    """The q4 backend of a model folder converted from a GGUF file with Q4_0 / Q4_1 / Q8_0 / Q6_K layers; the int8
-    backend's LM head (quantized once, kept in ``cache``) where the file's is of another type."""
+    """The q4 backend of a model folder converted from a GGUF file with Q4_0 / Q4_1 / Q4_K / Q5_0 / Q6_K / Q8_0
+    layers; the int8 backend's LM head (quantized once, kept in ``cache``) where the file's is of another type."""
     import json
 
     from safetensors.torch import load_file

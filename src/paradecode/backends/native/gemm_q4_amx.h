@@ -142,7 +142,8 @@ inline void q4_amx_gemm(const PackedQ4& w, const Q4Rows& x, int64_t rows, float*
 #ifdef PARADECODE_AMX
   // 5- and 6-bit and Q4_K blocks have no tile form: the vector kernel, same bits
   const int bits = w.bits();
-  if (rows <= kQ4AmxMinRows || bits == 5 || bits == 6 || bits == kQ4K) return q4_gemm(w, x, rows, y, y_stride, b0, b1, spill);
+  if (rows <= kQ4AmxMinRows || bits == 5 || bits == 6 || bits == kQ4K)
+    return q4_gemm(w, x, rows, y, y_stride, b0, b1, spill);
   q4_amx_configure();
   for (int64_t first = 0; first < rows; first += kMaxTileRows) {
     const int64_t n_rows = std::min<int64_t>(kMaxTileRows, rows - first);

@@ -188,6 +188,22 @@ def load_dequantized(model, layers) -> None:
             m.down_proj.weight.copy_(blocks["down"].dequantize())
 
 
+def assert_computes_the_blocks_model(model, backend: Q4LlamaBackend, layers, head: q4.Blocks, method: str) -> None:
+    """``backend``'s logits are those of ``model`` with its projections and LM head set to the blocks, dequantized,
+    up to the activations' 8-bit rounding; every row equals its one-token pass; ``method`` equals ar."""
+    load_dequantized(model, layers)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(head.dequantize())
+    reference = LlamaBackend.from_hf(model)
+    ids = tokens(40, seed=3)
+    got, want = backend.forward(ids).logits, reference.forward(ids).logits
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
+    prompt = tokens(20, seed=10).tolist() * 2
+    assert run(backend, method, prompt, max_new_tokens=30)[0] == run(backend, "ar", prompt, max_new_tokens=30)[0]
+
+
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_the_q4_forward_computes_the_blocks_model(kind):
     """Against the fp32 model whose weights are the dequantized blocks (same int8 LM head): the logits differ by
@@ -266,17 +282,7 @@ def test_a_fused_projection_mixing_block_widths_computes_each_part_on_its_own_co
     with_m = qk == "Q4_1"
     assert backend._layers[0].qkv.layout == ((256, q4.BITS[qk], with_m), (128, q4.BITS[qk], with_m),
                                              (128, q4.BITS[v], False))
-    load_dequantized(model, layers)
-    with torch.no_grad():
-        model.lm_head.weight.copy_(head.dequantize())
-    reference = LlamaBackend.from_hf(model)
-    ids = tokens(40, seed=3)
-    got, want = backend.forward(ids).logits, reference.forward(ids).logits
-    assert (got - want).abs().max() < 0.05 * want.abs().max()
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
-    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
-    prompt = tokens(20, seed=10).tolist() * 2
-    assert run(backend, "pld-tree", prompt, max_new_tokens=30)[0] == run(backend, "ar", prompt, max_new_tokens=30)[0]
+    assert_computes_the_blocks_model(model, backend, layers, head, "pld-tree")
 
 
 def test_a_file_head_of_the_wrong_shape_is_a_clear_error():
@@ -426,18 +432,7 @@ def test_q4_k_and_q5_0_layers_compute_their_blocks_model_with_exact_rows(method)
                            **q4_k))
     head = head_blocks(model.lm_head.weight, "Q6_K")
     backend = Q4LlamaBackend(config.shape, model.state_dict(), layers=layers, head=head)
-    load_dequantized(model, layers)
-    with torch.no_grad():
-        model.lm_head.weight.copy_(head.dequantize())
-    reference = LlamaBackend.from_hf(model)
-    ids = tokens(40, seed=3)
-    got, want = backend.forward(ids).logits, reference.forward(ids).logits
-    assert (got - want).abs().max() < 0.05 * want.abs().max()
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
-    assert_rows_equal_one_token_passes(backend, tokens(70, seed=1), tokens(len(TREE_PARENTS), seed=2))
-    prompt = tokens(20, seed=10).tolist() * 2
-    reference_ids, _ = run(backend, "ar", prompt, max_new_tokens=30)
-    assert run(backend, method, prompt, max_new_tokens=30)[0] == reference_ids
+    assert_computes_the_blocks_model(model, backend, layers, head, method)
 
 
 @pytest.mark.slow

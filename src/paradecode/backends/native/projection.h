@@ -137,7 +137,7 @@ struct Q4Part {
 // One projection: W [N, K] int8 per-channel, y = sum_k q[k] W[n, k] * step[n] / 127 * amax(row); or a GGUF
 // checkpoint's 4-bit blocks (gemm_q4.h) against activations quantized per group of 32.
 struct Projection {
-  at::Tensor q4;        // the packed 4-, 6- or 8-bit blocks (gemm_q4.h), uint8; undefined for an int8 projection
+  at::Tensor q4;        // the packed blocks (gemm_q4.h), uint8; undefined for an int8 projection
   std::vector<Q4Part> q4_parts;  // their formats by column range (one, unless the parts' formats differ)
   at::Tensor weight_t;  // [K, N] int8, a transposed view (torch._int_mm)
   at::Tensor scale;     // [N] float32 step / 127
@@ -497,8 +497,8 @@ inline Projection make_projection(at::Tensor weight, at::Tensor step, const py::
 }
 
 // A projection on a checkpoint's blocks: `packed` in gemm_q4.h's layout for an [n, k] weight (k a multiple of 32;
-// of 256 for 6 bits), its columns in parts of (columns, bits, m stored) one after the other (bits 4: Q4_0 / Q4_1;
-// 6: Q6_K; 8: Q8_0), each part packed after the one before.
+// of 256 for 6 bits and Q4_K), its columns in parts of (columns, bits, m stored) one after the other (bits 4: Q4_0 /
+// Q4_1; 5: Q5_0; 6: Q6_K; 8: Q8_0; kQ4K: Q4_K), each part packed after the one before.
 inline Projection make_q4_projection(at::Tensor packed, int64_t n, int64_t k, std::optional<at::Tensor> bias,
                                      const std::vector<std::tuple<int64_t, int, bool>>& parts) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "block weights must be contiguous uint8");

@@ -180,26 +180,20 @@ def llama_binaries() -> dict[str, Path]:
 
 
 # -- orchestration --------------------------------------------------------------------------------------------------
-def results_quant_conflict(out: Path, quant: str) -> bool:
-    """Whether ``out`` already holds results of synthetic files of another layout."""
-    path = out / "results.json"
-    return path.is_file() and json.loads(path.read_text()).get("quant", "q4_0") != quant
-
-
 def run(args: argparse.Namespace) -> int:
     """Per size: write the file once, load ours (q4, and int8 where it fits) in children, then ``--rounds``
     rounds, each timing every engine in turn, so that the machine's drift falls on all of them alike."""
     from paradecode.profile import machine_report
-    from paradecode.synthetic import SHAPES, write_gguf
-
-    if results_quant_conflict(Path(args.out), args.quant):
-        raise SystemExit(f"{args.out} holds a run of another --quant: use another --out")
+    from paradecode.synthetic import SHAPES, k_quant_shapes, write_gguf
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    earlier = results.get("quant", "q4_0") if results else args.quant  # runs before --quant were of q4_0 files
+    if earlier != args.quant:
+        raise SystemExit(f"{args.out} holds a run of --quant {earlier}: use another --out")
     results["quant"] = args.quant
+    out.mkdir(parents=True, exist_ok=True)
     machine = machine_report()
     results.setdefault("machines", [])
     if machine not in results["machines"]:
@@ -208,8 +202,6 @@ def run(args: argparse.Namespace) -> int:
     binaries = llama_binaries()
     if not binaries:
         print("no llama-bench found: build it with `python benchmarks/llama_server.py build`", file=sys.stderr)
-    from paradecode.synthetic import k_quant_shapes
-
     for size in args.sizes.split(","):
         if size not in sizes():
             raise SystemExit(f"unknown size {size!r}: choose from {', '.join(sizes())}")

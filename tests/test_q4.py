@@ -346,15 +346,15 @@ def test_q4_0_without_its_m_computes_the_same_bits(monkeypatch):
     compact = q4_backend(4, "deep", "Q4_0")
     ids = tokens(30, seed=5)
     want = compact.forward(ids).logits
-    pack = q4.pack
-    monkeypatch.setattr(q4, "pack", lambda blocks, with_m=None: pack(blocks, with_m=True))
+    monkeypatch.setattr(q4.Blocks, "stores_m", property(lambda blocks: blocks.bits == 4))  # m packed all the same
     full = q4_backend(4, "deep", "Q4_0")
+    assert full._layers[0].o.layout == ((128, 4, True),) and compact._layers[0].o.layout == ((128, 4, False),)
     assert torch.equal(full.forward(ids).logits, want)
     assert compact.weight_bytes < full.weight_bytes
     with pytest.raises(ValueError, match="only where every m is implied"):
-        pack(blocks_of(torch.randn(16, 32), "Q4_1"), with_m=False)
+        q4.pack(blocks_of(torch.randn(16, 32), "Q4_1"), with_m=False)
     with pytest.raises(ValueError, match="8-bit blocks never store m"):
-        pack(blocks_of(torch.randn(16, 32), "Q8_0"), with_m=True)
+        q4.pack(blocks_of(torch.randn(16, 32), "Q8_0"), with_m=True)
 
 
 @pytest.mark.parametrize("method,kind", [(method, "Q4_1") for method in ("ngram", "pld", "pld-tree", "jacobi",

@@ -70,7 +70,7 @@ def test_our_backend_on_the_file_computes_what_llama_cpp_computes(written, dtype
     assert getattr(backend._lm_head, "bits", None) == ({"tied": 8}.get(name, 6) if dtype == "q4" else None)
     if name == "k-quants" and dtype == "q4":  # Q4_K throughout, with Q6_K v and down on the more-bits layers
         layouts = [(layer.qkv.layout, layer.down.bits) for layer in backend._layers]
-        assert layouts[1] == ((), q4.Q4K) and backend._layers[1].qkv.bits == q4.Q4K
+        assert layouts[1] == (((512, q4.Q4K, False),), q4.Q4K) and backend._layers[1].qkv.bits == q4.Q4K
         assert layouts[0] == (((256, q4.Q4K, False), (128, q4.Q4K, False), (128, 6, False)), 6)
     got = backend.forward(torch.tensor(IDS)).logits
     assert got.shape == want.shape

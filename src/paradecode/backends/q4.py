@@ -40,16 +40,16 @@ BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q6_K": 6, "Q5_0": 5, "Q4_K": Q4K}
 SUPPORTED = "Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0"  # for error messages
 SUPER = 256  # weights per K-quant block (Q6_K: a d for 16 sub-blocks of 16, each with an int8 scale)
 IMPLIED_M = {4: -8, 5: -16, 8: -128}  # m as a multiple of d where the kernel computes it (Q4_0, Q5_0, Q8_0)
-FORMAT = 4  # bump when the packed layout (or the kept copy's metadata) changes meaning
+FORMAT = 5  # bump when the packed layout (or the kept copy's metadata) changes meaning
 
 
 @dataclass
 class Blocks:
     """A weight [n, k] as blocks of ``bits`` bits: q [n, k] uint8 (0..15, 0..31 for 5 bits, or 0..255 for 8 bits:
     Q8_0's q + 128), d and m [n, k / 32] (float16; m float32 for 5 and 8 bits, where it is -16 d or -128 d). 6 bits
-    (Q6_K): q in 0..63 (w = d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty). Q4_K (``bits`` Q4K): q
-    in 0..15 (w = d sc q - dmin mn), d and m [n, k / 256] (float16: d and dmin), ``scales`` [n, k / 32, 2] uint8
-    (sc, mn)."""
+    (Q6_K): q in 0..63 (w = d * scale * (q - 32)), d [n, k / 256], ``scales`` [n, k / 16] int8, m unused (empty).
+    Q4_K (``bits`` Q4K): q in 0..15 (w = d sc q - dmin mn), d and m [n, k / 256] (float16: d and dmin), ``scales``
+    [n, k / 32, 2] uint8 (sc, mn)."""
 
     q: torch.Tensor
     d: torch.Tensor
@@ -81,6 +81,11 @@ class Blocks:
         if self.bits == Q4K:
             return False
         return self.bits == 6 or torch.equal(self.m.float(), self.d.float() * IMPLIED_M[self.bits])
+
+    @property
+    def stores_m(self) -> bool:
+        """Whether the packed layout holds m: 4-bit blocks whose m is not the implied -8 d (Q4_1)."""
+        return self.bits == 4 and not self.m_is_implied
 
     def rows(self, index: torch.Tensor) -> Blocks:
         scales = self.scales[index] if self.scales is not None else None
@@ -116,12 +121,6 @@ def fuse(parts: list[Blocks]) -> Blocks | Fused:
     """One fused projection of ``parts``' rows one after the other: blocks where they are of one type, else a
     ``Fused`` of the parts as they are (each read at its own width)."""
     return Blocks.cat(parts) if len({p.bits for p in parts}) == 1 else Fused(list(parts))
-
-
-def packed_bytes(n: int, k: int, bits: int, with_m: bool) -> int:
-    """Bytes of an [n, k] weight in gemm_q4.h's layout (q4_packed_bytes there)."""
-    group = {8: 544, 5: 352, 6: 420, Q4K: 296}.get(bits, 320 if with_m else 288)
-    return -(-n // BLOCK_COLS) * (k // GROUP) * group
 
 
 def decode(raw: np.ndarray, kind: str, n: int, k: int) -> Blocks:
@@ -180,6 +179,19 @@ def _decode_q4_k(blocks: np.ndarray, n: int, k: int) -> Blocks:
                   scales=torch.from_numpy(scales.astype(np.uint8)))
 
 
+def _padded(x: torch.Tensor, columns: int) -> torch.Tensor:
+    """``x``'s rows (one per output column) followed by zero rows up to ``columns``, a whole number of 16."""
+    out = torch.zeros(columns, *x.shape[1:], dtype=x.dtype)
+    out[:x.shape[0]] = x
+    return out
+
+
+def _by_block(x: torch.Tensor) -> torch.Tensor:
+    """[b, count, 16 * item bytes] uint8: per 16 columns, each of ``x``'s ``count`` values of the 16 columns in turn
+    (x: [16 b, count])."""
+    return x.reshape(-1, BLOCK_COLS, x.shape[1]).permute(0, 2, 1).contiguous().view(torch.uint8)
+
+
 def _pack_q6(blocks: Blocks) -> torch.Tensor:
     """gemm_q4.h's 6-bit layout: per 16 columns, per 256 inputs, 8 groups of 416 bytes (the low nibbles as the 4-bit
     layout's 256 bytes; the 2 high bits in two 64-byte vectors, [column][byte i] of vector t holding inputs 16 t + i,
@@ -188,22 +200,14 @@ def _pack_q6(blocks: Blocks) -> torch.Tensor:
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
     b, groups, supers = columns // BLOCK_COLS, k // GROUP, k // SUPER
-    q = torch.zeros(columns, k, dtype=torch.uint8)
-    q[:n] = blocks.q
-    scales = torch.zeros(columns, k // 16, dtype=torch.int8)
-    scales[:n] = blocks.scales
-    d = torch.zeros(columns, supers, dtype=torch.float16)
-    d[:n] = blocks.d
-    q = q.reshape(b, BLOCK_COLS, groups, 4, 2, 4)  # [block, column, group, j, low/high half of the 8, i]
-    low = q & 0x0F
-    nibbles = (low[..., 0, :] | (low[..., 1, :] << 4)).permute(0, 2, 3, 1, 4).reshape(b, groups, 256)
+    q = _padded(blocks.q, columns)
+    scales = _padded(blocks.scales, columns)
     top = (q >> 4).reshape(b, BLOCK_COLS, groups, 2, 4, 4)  # [block, column, group, t, (j parity, half), i]
     fields = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)
     high = fields.permute(0, 2, 3, 1, 4).reshape(b, groups, 128)  # [block, group, t, column, i]
     sub = scales.reshape(b, BLOCK_COLS, groups, 2).permute(0, 2, 3, 1).reshape(b, groups, 32).view(torch.uint8)
-    packed = torch.cat([nibbles, high, sub], dim=2).reshape(b, supers, 8 * 416)
-    dq = d.reshape(b, BLOCK_COLS, supers).permute(0, 2, 1).contiguous().view(torch.uint8)  # [block, super, 32]
-    return torch.cat([packed, dq], dim=2).reshape(-1).contiguous()
+    packed = torch.cat([_nibbles(q & 0x0F, b, groups), high, sub], dim=2).reshape(b, supers, 8 * 416)
+    return torch.cat([packed, _by_block(_padded(blocks.d, columns))], dim=2).reshape(-1).contiguous()
 
 
 def _nibbles(q: torch.Tensor, b: int, groups: int) -> torch.Tensor:
@@ -219,17 +223,10 @@ def _pack_q4_k(blocks: Blocks) -> torch.Tensor:
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
     b, groups, supers = columns // BLOCK_COLS, k // GROUP, k // SUPER
-    q = torch.zeros(columns, k, dtype=torch.uint8)
-    q[:n] = blocks.q
-    scales = torch.zeros(columns, groups, 2, dtype=torch.uint8)
-    scales[:n] = blocks.scales
-    sc, mn = (scales[..., i].reshape(b, BLOCK_COLS, groups).permute(0, 2, 1) for i in (0, 1))  # [block, group, col]
-    packed = torch.cat([_nibbles(q, b, groups), sc, mn], dim=2).reshape(b, supers, 8 * 288)
-    halves = []
-    for x in (blocks.d, blocks.m):
-        padded = torch.zeros(columns, supers, dtype=torch.float16)
-        padded[:n] = x
-        halves.append(padded.reshape(b, BLOCK_COLS, supers).permute(0, 2, 1).contiguous().view(torch.uint8))
+    scales = _padded(blocks.scales, columns)
+    sc, mn = (_by_block(scales[..., i]) for i in (0, 1))  # [block, group, column]
+    packed = torch.cat([_nibbles(_padded(blocks.q, columns), b, groups), sc, mn], dim=2).reshape(b, supers, 8 * 288)
+    halves = [_by_block(_padded(x, columns)) for x in (blocks.d, blocks.m)]  # d, dmin: [block, super, 32]
     return torch.cat([packed, *halves], dim=2).reshape(-1).contiguous()
 
 
@@ -246,13 +243,8 @@ def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
         return _pack_q6(blocks) if blocks.bits == 6 else _pack_q4_k(blocks)
     n, k = blocks.shape
     columns = -(-n // BLOCK_COLS) * BLOCK_COLS
-    groups = k // GROUP
-    q = torch.zeros(columns, k, dtype=torch.uint8)
-    q[:n] = blocks.q
-    d = torch.zeros(columns, groups, dtype=torch.float16)
-    m = torch.zeros(columns, groups, dtype=torch.float16)
-    d[:n] = blocks.d
-    b = columns // BLOCK_COLS
+    b, groups = columns // BLOCK_COLS, k // GROUP
+    q = _padded(blocks.q, columns)
     if blocks.bits == 8:
         quants = q.reshape(b, BLOCK_COLS, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(b, groups, 512)
     elif blocks.bits == 5:  # the nibbles, then per column 4 bytes of fifth bits: byte i, bits 2 j and 2 j + 1
@@ -260,16 +252,15 @@ def pack(blocks: Blocks, with_m: bool | None = None) -> torch.Tensor:
         fields = sum(top[:, :, :, j, half] << (2 * j + half) for j in range(4) for half in (0, 1))
         quants = torch.cat([_nibbles(q & 0x0F, b, groups), fields.permute(0, 2, 1, 3).reshape(b, groups, 64)], dim=2)
     else:
-        m[:n] = blocks.m
         quants = _nibbles(q, b, groups)
     if with_m is None:
-        with_m = not blocks.m_is_implied
+        with_m = blocks.stores_m
     if with_m and blocks.bits in (5, 8):
         raise ValueError("5- and 8-bit blocks never store m: every m must be -16 d or -128 d")
     if not with_m and not blocks.m_is_implied:
         raise ValueError("m can be left out only where every m is implied (Q4_0, Q5_0 or Q8_0 blocks)")
-    stored = (d, m) if with_m else (d,)
-    scales = [x.reshape(b, BLOCK_COLS, groups).permute(0, 2, 1).contiguous().view(torch.uint8) for x in stored]
+    stored = (blocks.d, blocks.m) if with_m else (blocks.d,)
+    scales = [_by_block(_padded(x.to(torch.float16), columns)) for x in stored]
     return torch.cat([quants, *scales], dim=2).reshape(-1).contiguous()
 
 
@@ -281,21 +272,28 @@ class Q4Linear:
     n: int
     k: int
     bias: torch.Tensor | None = None  # [n], float32 whatever it is given in
-    bits: int = 4  # the blocks' width; 0 where the parts of a fused projection differ (``layout``)
-    layout: tuple[tuple[int, int, bool], ...] = ()  # then (columns, bits, m stored) per part, packed in turn
+    # (columns, bits, m stored) per part, packed one after the other: one part, unless the parts of a fused
+    # projection differ in type (``Fused``)
+    layout: tuple[tuple[int, int, bool], ...] = ()
 
     def __post_init__(self) -> None:
         if self.bias is not None:
             self.bias = self.bias.float()
-        self.layout = tuple(tuple(part) for part in self.layout)
+        self.layout = tuple((int(n), int(bits), bool(with_m)) for n, bits, with_m in self.layout)
 
     @classmethod
     def from_blocks(cls, blocks: Blocks | Fused, bias: torch.Tensor | None = None) -> Q4Linear:
         n, k = blocks.shape
-        if isinstance(blocks, Blocks):
-            return cls(pack(blocks), n, k, bias, blocks.bits)
-        parts = [(part.shape[0], part.bits, part.bits == 4 and not part.m_is_implied) for part in blocks.parts]
-        return cls(torch.cat([pack(part) for part in blocks.parts]), n, k, bias, 0, tuple(parts))
+        parts = blocks.parts if isinstance(blocks, Fused) else [blocks]
+        packed = [pack(part, part.stores_m) for part in parts]
+        return cls(packed[0] if len(packed) == 1 else torch.cat(packed), n, k, bias,
+                   tuple((part.shape[0], part.bits, part.stores_m) for part in parts))
+
+    @property
+    def bits(self) -> int:
+        """The blocks' width (or Q4K); 0 where the parts differ."""
+        widths = {bits for _, bits, _ in self.layout}
+        return widths.pop() if len(widths) == 1 else 0
 
     def with_bias(self, bias: torch.Tensor | None) -> Q4Linear:
         """The same packed weight with ``bias``."""
@@ -307,9 +305,7 @@ class Q4Linear:
 
     def parts(self) -> tuple:
         """What the native forward takes of a block projection."""
-        with_m = self.bits == 4 and self.packed.numel() == packed_bytes(self.n, self.k, 4, True)
-        layout = self.layout or ((self.n, self.bits, with_m),)
-        return "blocks", self.packed, self.n, self.k, self.bias, [tuple(part) for part in layout]
+        return "blocks", self.packed, self.n, self.k, self.bias, list(self.layout)
 
 
 def gguf_source(model_dir: Path) -> Path:
@@ -353,11 +349,11 @@ def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
         try:
             with safe_open(str(kept), "pt") as file:
                 shapes = json.loads(file.metadata()["shapes"])
-                layers = [{name: Q4Linear(file.get_tensor(f"{i}.{name}"), n, k, bits=bits, layout=layout)
-                           for name, (n, k, bits, layout) in shapes[i].items()} for i in range(num_layers)]
+                layers = [{name: Q4Linear(file.get_tensor(f"{i}.{name}"), n, k, layout=layout)
+                           for name, (n, k, layout) in shapes[i].items()} for i in range(num_layers)]
                 head_shape = json.loads(file.metadata()["head"])
                 head = None if head_shape is None else Q4Linear(file.get_tensor("head"), *head_shape[:2],
-                                                                bits=head_shape[2])
+                                                                layout=head_shape[2])
                 return layers, head
         except Exception as error:  # a damaged or truncated file, or another writer's
             warnings.warn(f"paradecode: the kept 4-bit layers {kept} could not be read ({type(error).__name__}: "
@@ -370,13 +366,12 @@ def load_blocks(path: Path, num_layers: int, heads: int, kv_heads: int,
     head_blocks = read_head(reader)
     head = None if head_blocks is None else Q4Linear.from_blocks(head_blocks)
     if kept is not None:
-        shapes = [{name: [linear.n, linear.k, linear.bits, linear.layout] for name, linear in layer.items()}
-                  for layer in layers]
+        shapes = [{name: [linear.n, linear.k, linear.layout] for name, linear in layer.items()} for layer in layers]
         tensors = {f"{i}.{name}": linear.packed for i, layer in enumerate(layers) for name, linear in layer.items()}
         if head is not None:
             tensors["head"] = head.packed
         keep_tensors(tensors, kept, metadata={"shapes": json.dumps(shapes), "head": json.dumps(
-            None if head is None else [head.n, head.k, head.bits])})
+            None if head is None else [head.n, head.k, head.layout])})
     return layers, head
 
 
